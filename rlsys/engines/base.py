@@ -1,0 +1,73 @@
+"""The generation-engine interface that the proxy and the rollout actor program against.
+
+Two implementations: ``TransformersEngine`` (CPU and GPU, batches concurrent requests itself) and the
+vLLM engine (GPU, ``AsyncLLM``). Everything is token ids in, token ids + logprobs out: chat templates and
+tool-call parsing belong to the proxy, so the learner trains on exactly what was sampled.
+
+Logprobs are those of the model's raw distribution (temperature 1, no top-p), the same quantity the
+learner recomputes, whatever temperature was used for sampling (vLLM's ``logprobs_mode=raw_logprobs``).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int | None = None  # per-request seed: same seed + same weights -> same tokens
+    stop_token_ids: tuple[int, ...] = ()  # generation also stops at the tokenizer's eos ids
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class GenerateOutput:
+    token_ids: list[int]  # (C,) sampled ids, the stop token included when one ended generation
+    logprobs: list[float]  # (C,) raw-distribution logprob of each sampled id
+    finish_reason: str = "stop"  # "stop" (eos/stop id) | "length" (max_new_tokens reached)
+    extra: dict = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """Async generation over token ids, with the weight and memory controls RL needs."""
+
+    @abstractmethod
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
+        """Sample a continuation of ``prompt_ids``. Concurrent calls are batched by the engine."""
+
+    @abstractmethod
+    async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+        """Raw logprobs (C,) of ``continuation_ids`` given ``prompt_ids`` under the current weights."""
+
+    @abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy weights in place by Hugging Face parameter name; returns how many tensors were loaded."""
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free memory between rollouts: level 1 keeps weights (offloaded), level 2 drops them."""
+
+    async def wake(self, tags: list[str] | None = None) -> None:
+        """Undo ``sleep``; ``tags`` may wake "weights" before "kv_cache" so weights can be pushed first."""
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop cached prefixes computed with old weights."""
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The engine's current weights by HF name (for tests and the weight-equality check)."""
+        raise NotImplementedError
+
+    async def shutdown(self) -> None:
+        """Stop background work; the engine is unusable afterwards."""

@@ -1,0 +1,107 @@
+"""Typed records that cross process boundaries (proxy -> env worker -> learner, learner -> engine).
+
+Plain dataclasses of Python lists and scalars, so they pickle cheaply through the Ray object store
+and are testable without Ray. Lengths are checked in ``__post_init__`` (SkyRL's ``WeightChunk`` habit):
+a record that lies about its shape fails where it is made, not three processes later.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Turn:
+    """One chat completion as the engine produced it, recorded server-side by the proxy."""
+
+    prompt_ids: list[int]  # (P,) the token ids the engine was given (chat template applied)
+    completion_ids: list[int]  # (C,) the token ids the engine sampled
+    logprobs: list[float]  # (C,) the engine's log-probability of each sampled token
+    finish_reason: str = "stop"  # "stop" | "length" | "tool_calls"
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"Turn: {len(self.logprobs)} logprobs for {len(self.completion_ids)} completion ids"
+            )
+
+
+@dataclass
+class Segment:
+    """A single token sequence built from one or more turns that extend each other's prefix.
+
+    Multi-turn sessions append a turn to the current segment when its prompt extends the segment's
+    tokens; otherwise (re-tokenisation drift, an edited history) a new segment starts.
+    """
+
+    input_ids: list[int]  # (T,) prompt + every sampled token + tool results in between
+    loss_mask: list[int]  # (T,) 1 exactly on tokens the engine sampled, 0 elsewhere
+    rollout_logprobs: list[float]  # (T,) engine logprob on sampled tokens, 0.0 elsewhere
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if len(self.loss_mask) != n or len(self.rollout_logprobs) != n:
+            raise ValueError(
+                f"Segment: input_ids {n}, loss_mask {len(self.loss_mask)}, "
+                f"rollout_logprobs {len(self.rollout_logprobs)} must be equal"
+            )
+
+    @property
+    def num_sampled(self) -> int:
+        return int(sum(self.loss_mask))
+
+
+@dataclass
+class Trajectory:
+    """One agent episode on one dataset item: what the learner trains on and the driver counts.
+
+    ``failed`` trajectories (agent or reward raised, hung or returned garbage) carry a reason, are
+    counted in metrics and excluded from group statistics and from the loss; they are never scored 0.
+    """
+
+    item_id: str
+    group: int  # index of the item in the step's batch: advantages are normalised per group
+    sample: int  # index of the sample within its group
+    segments: list[Segment] = field(default_factory=list)
+    reward: float = 0.0
+    outcome: str = ""  # label for the error table, e.g. "optimal", "occupied", "no_tool_call"
+    failed: bool = False
+    fail_reason: str = ""  # e.g. "agent_timeout", "reward_error: ValueError: ..."
+    num_turns: int = 0
+    segment_breaks: int = 0  # turns that did not extend the previous prefix and started a segment
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def response_len(self) -> int:
+        return sum(s.num_sampled for s in self.segments)
+
+
+@dataclass
+class TrajectorySummary:
+    """What the driver sees of a trajectory: scalars only, so it never pulls token lists."""
+
+    item_id: str
+    group: int
+    sample: int
+    reward: float
+    outcome: str
+    failed: bool
+    fail_reason: str
+    response_len: int
+    num_turns: int
+    segment_breaks: int
+
+    @classmethod
+    def of(cls, t: Trajectory) -> "TrajectorySummary":
+        return cls(
+            item_id=t.item_id,
+            group=t.group,
+            sample=t.sample,
+            reward=t.reward,
+            outcome=t.outcome,
+            failed=t.failed,
+            fail_reason=t.fail_reason,
+            response_len=t.response_len,
+            num_turns=t.num_turns,
+            segment_breaks=t.segment_breaks,
+        )
