@@ -1,0 +1,78 @@
+"""The `rlsys` command. Each subcommand imports what it needs (Ray, jobs/) lazily, inside its handler,
+so `rlsys --help` and `rlsys config` stay fast and work without Ray installed."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlsys.config import ConfigError, add_config_args, config_from_args, describe_fields
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    from jobs.train import run_training
+
+    run_training(cfg)
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    if args.describe:
+        for name, default, doc in describe_fields():
+            print(f"{name} = {default}\n    {doc}")
+        return 0
+    import tomli_w
+
+    cfg = config_from_args(args)
+    print(tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)), end="")
+    return 0
+
+
+def _cmd_dataset(args: argparse.Namespace) -> int:
+    from rlsys.envs.tictactoe import dataset
+
+    return dataset.main(args.rest)
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    from rlsys.models import tiny
+
+    return tiny.main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlsys", description="Agentic RL post-training: rollouts through an OpenAI-compatible proxy, GSPO learner."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="run a training job (embedded local Ray unless an address is set)")
+    add_config_args(p)
+    p.set_defaults(handler=_cmd_train)
+
+    p = sub.add_parser("config", help="print the resolved config (or every field with --describe)")
+    p.add_argument("--describe", action="store_true", help="list every field, its default and its meaning")
+    add_config_args(p)
+    p.set_defaults(handler=_cmd_config)
+
+    p = sub.add_parser("dataset", help="write a tic-tac-toe board dataset (JSONL)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=_cmd_dataset)
+
+    p = sub.add_parser("tiny-model", help="build the small Qwen2-architecture model rlsys uses on CPU", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=_cmd_tiny_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as err:
+        print(f"rlsys: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

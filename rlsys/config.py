@@ -1,0 +1,418 @@
+"""One typed config tree for an rlsys job: defaults < TOML file < CLI flags < dotted overrides.
+
+Every field has a docstring (shown by ``rlsys train --help-config``). The tree is validated once, at
+load, and a bad value fails with its dotted path and where it came from (file, flag or override), e.g.
+``learner.lr: Input should be greater than 0 (from flag --lr=-1)``. The resolved tree is written into
+the run directory as ``config.resolved.toml``; loading that file gives the same config back.
+
+CLI flags follow AReno's names (``--algo gspo --ckpt ... --n-samples 4``) so existing launch scripts map
+one to one; anything else is reachable as a dotted override ``algo.clip_eps_low=3e-4``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field (dotted path) and its source."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    ckpt: str = "rlsys:tiny"
+    """The policy to start from: a Hugging Face folder, a hub id, a `.gguf` file, or `rlsys:tiny`
+    (the small Qwen2-architecture model rlsys builds itself, cached under ~/.cache/rlsys)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype for learner and engine; `auto` = float32 on CPU, bfloat16 on GPU."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more learner time)."""
+    trust_remote_code: bool = False
+    """Allow model code shipped with the checkpoint (off: only architectures transformers knows)."""
+
+
+class DataConfig(_Section):
+    dataset_path: str | None = None
+    """JSONL training items. Unset: the tic-tac-toe training set is generated (`num_items`, `seed`)."""
+    eval_path: str | None = None
+    """JSONL held-out items. Unset: generated tic-tac-toe boards disjoint from the training set."""
+    num_items: int = Field(2048, ge=1)
+    """Size of the generated training set when `dataset_path` is unset."""
+    num_eval_items: int = Field(256, ge=0)
+    """Size of the generated held-out set when `eval_path` is unset."""
+    seed: int = 2026
+    """Seed of the generated datasets (the same seed gives the same files)."""
+    shuffle: bool = True
+    """Visit items in a seeded random order, reshuffled every epoch."""
+
+
+class RolloutConfig(_Section):
+    engine: Literal["auto", "transformers", "vllm"] = "auto"
+    """Generation engine: `auto` = vLLM when CUDA and vLLM are there, transformers otherwise."""
+    batch_size: int = Field(4, ge=1)
+    """Dataset items (prompts, boards) per step."""
+    n_samples: int = Field(4, ge=1)
+    """Trajectories sampled per item; advantages are normalised within each item's group."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Default and cap for tokens generated per turn (the proxy refuses larger `max_tokens`)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature applied by the proxy; logprobs are always those of the raw distribution."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold applied by the proxy."""
+    max_model_len: int = Field(2048, ge=16)
+    """Longest prompt + completion the engine accepts."""
+    engine_max_batch: int = Field(64, ge=1)
+    """Most concurrent sequences the transformers engine batches together."""
+    drop_rollout_state: bool = False
+    """After rollout, sleep the engine at level 2 (drop weights and KV cache; the push restores them)
+    instead of level 1 (offload weights, drop KV cache)."""
+    enforce_eager: bool = False
+    """vLLM: no CUDA graphs / torch.compile (fast start, slower steady state)."""
+    gpu_memory_budget_gib: float | None = Field(None, gt=0)
+    """vLLM's share of the GPU in GiB (weights + KV cache); unset = a third of the device."""
+
+
+class EnvConfig(_Section):
+    agent_fn: str = "rlsys.envs.tictactoe.agent:agent"
+    """The agent: `path/to/file.py[:name]` or `package.module:name`; `async def agent(item, client, model)`."""
+    reward_fn_path: str = "rlsys.envs.tictactoe.reward:reward"
+    """The reward: `path/to/file.py[:name]` or `package.module:name`; `def reward(record) -> float`."""
+    num_workers: int = Field(2, ge=1)
+    """Env worker actors (CPU); each runs many agents concurrently."""
+    max_concurrency: int = Field(64, ge=1)
+    """Concurrent agent episodes per env worker."""
+    agent_timeout_s: float = Field(120.0, gt=0)
+    """An agent episode running longer is cancelled and its trajectory marked failed."""
+    reward_timeout_s: float = Field(30.0, gt=0)
+    """A reward call running longer is abandoned and its trajectory marked failed."""
+    max_failed_frac: float = Field(0.5, ge=0.0, le=1.0)
+    """A step where more than this fraction of trajectories failed is not trained on (logged, skipped)."""
+    retry_failed_worker: bool = True
+    """Retry once the trajectories of an env worker that died mid-step (Ray restarts the worker)."""
+
+
+class AlgoConfig(_Section):
+    name: Literal["gspo", "grpo", "sft"] = "gspo"
+    """Loss: GSPO (sequence-level ratio), GRPO (token-level ratio), or SFT (masked cross-entropy)."""
+    clip_eps_low: float | None = Field(None, ge=0.0)
+    """Lower clip of the ratio; unset = 3e-4 for GSPO, 0.2 for GRPO."""
+    clip_eps_high: float | None = Field(None, ge=0.0)
+    """Upper clip of the ratio; unset = 4e-4 for GSPO, 0.28 for GRPO."""
+    logp_mode: Literal["bypass", "decoupled"] = "bypass"
+    """`bypass`: logp_old = the engine's sampling logprobs. `decoupled`: recomputed by the learner before
+    the update, with a truncated importance weight against the engine's (cap `tis_cap`)."""
+    tis_cap: float = Field(2.0, gt=0.0)
+    """Cap of the truncated sequence importance weight in `decoupled` mode."""
+    adv_eps: float = Field(1e-6, gt=0.0)
+    """Added to the group std when normalising advantages."""
+    n_minibatches: int = Field(1, ge=1)
+    """Optimizer steps per rollout batch; with 1, the GSPO ratio is 1 and GSPO is sequence REINFORCE."""
+
+    def clip_eps(self) -> tuple[float, float]:
+        defaults = {"gspo": (3e-4, 4e-4), "grpo": (0.2, 0.28), "sft": (0.0, 0.0)}[self.name]
+        low = defaults[0] if self.clip_eps_low is None else self.clip_eps_low
+        high = defaults[1] if self.clip_eps_high is None else self.clip_eps_high
+        return low, high
+
+
+class LearnerConfig(_Section):
+    lr: float = Field(1e-5, gt=0.0)
+    """Peak learning rate."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Decay after warm-up, over `max_steps` optimizer steps."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up optimizer steps."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    adam_8bit: bool = False
+    """bitsandbytes AdamW8bit (needs CUDA and bitsandbytes; refused otherwise)."""
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    """Gradient clipping; a non-finite norm skips the optimizer step."""
+    mini_bs: int = Field(4, ge=1)
+    """Micro-batch size (trajectories per forward/backward); gradients accumulate over micro-batches."""
+
+
+class SyncConfig(_Section):
+    transport: Literal["auto", "cuda_ipc", "object_store"] = "auto"
+    """How weights reach the engine: `auto` = CUDA IPC when learner and engine share a GPU."""
+    bucket_mb: int = Field(512, ge=1)
+    """Size of the reusable buffers weights are packed into (one handle and one RPC per bucket)."""
+    canary: bool = True
+    """After every push, compare the engine's and the learner's logprobs on a fixed sequence."""
+    canary_tol: float | None = Field(None, gt=0.0)
+    """Largest allowed mean |logprob difference|; unset = 1e-4 in float32, 2e-2 in bf16."""
+
+
+class ClusterConfig(_Section):
+    address: str | None = None
+    """Ray cluster address; unset = `RAY_ADDRESS` if set, else an embedded local Ray."""
+    namespace: str | None = None
+    """Ray namespace of this job's named actors; unset = derived from the run directory name."""
+    world_size: int = Field(1, ge=1)
+    """GPUs used (one bundle each); 1 = learner and engine co-located on one GPU."""
+    tp_size: int = Field(1, ge=1)
+    """GPUs per vLLM engine (tensor parallel)."""
+    placement_strategy: Literal["STRICT_PACK", "PACK", "SPREAD"] = "STRICT_PACK"
+    """Ray placement-group strategy for the GPU bundles."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of an embedded local Ray (unset = all)."""
+    cpus_per_bundle: int = Field(1, ge=0)
+    """CPUs reserved with each GPU bundle."""
+
+
+class LoggingConfig(_Section):
+    metrics_log_dir: str | None = None
+    """TensorBoard event directory; unset = `<run_dir>/tb`."""
+    tensorboard: bool = True
+    """Write TensorBoard events."""
+    progress: bool = True
+    """Show a progress bar during rollout."""
+
+
+class CheckpointConfig(_Section):
+    save_path: str | None = None
+    """Checkpoint directory; unset = `<run_dir>/checkpoints`."""
+    save_interval: int = Field(0, ge=0)
+    """Save every N steps (0 = only at the end of the run)."""
+    keep: int = Field(3, ge=1)
+    """How many step checkpoints to keep (oldest removed first)."""
+    resume: str = "never"
+    """`never`, `auto` (the latest complete checkpoint under `save_path`, if any) or a checkpoint path."""
+
+
+class Config(_Section):
+    max_steps: int = Field(20, ge=1)
+    """Training steps (one rollout batch and `algo.n_minibatches` optimizer steps each)."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    run_dir: str = ""
+    """Where the resolved config, metrics, TensorBoard events and checkpoints go; unset = runs/<algo>-<time>."""
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    env: EnvConfig = EnvConfig()
+    algo: AlgoConfig = AlgoConfig()
+    learner: LearnerConfig = LearnerConfig()
+    sync: SyncConfig = SyncConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "Config":
+        r, a, c = self.rollout, self.algo, self.cluster
+        if a.name in ("gspo", "grpo") and r.n_samples < 2:
+            raise ValueError(f"rollout.n_samples: {a.name} needs >= 2 samples per item for a group baseline")
+        total = r.batch_size * r.n_samples
+        if total % a.n_minibatches:
+            raise ValueError(
+                f"algo.n_minibatches: {a.n_minibatches} does not divide rollout.batch_size x "
+                f"rollout.n_samples = {total}"
+            )
+        per_minibatch = total // a.n_minibatches
+        if per_minibatch % self.learner.mini_bs:
+            raise ValueError(
+                f"learner.mini_bs: {self.learner.mini_bs} does not divide a minibatch of {per_minibatch} "
+                f"trajectories (rollout.batch_size x rollout.n_samples / algo.n_minibatches)"
+            )
+        if c.world_size % c.tp_size:
+            raise ValueError(f"cluster.tp_size: {c.tp_size} does not divide cluster.world_size {c.world_size}")
+        if r.max_new_tokens >= r.max_model_len:
+            raise ValueError(
+                f"rollout.max_new_tokens: {r.max_new_tokens} leaves no room for a prompt within "
+                f"rollout.max_model_len {r.max_model_len}"
+            )
+        if self.checkpoint.resume not in ("never", "auto") and not self.checkpoint.resume:
+            raise ValueError("checkpoint.resume: empty; use never, auto or a checkpoint path")
+        return self
+
+    # --- derived paths -------------------------------------------------------------------
+    def tb_dir(self) -> Path:
+        return Path(self.logging.metrics_log_dir or Path(self.run_dir) / "tb")
+
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.save_path or Path(self.run_dir) / "checkpoints")
+
+
+# --- CLI flags (AReno-compatible names) ------------------------------------------------------
+# flag -> (dotted path, type); bool flags are store_true.
+FLAGS: dict[str, tuple[str, type]] = {
+    "--algo": ("algo.name", str),
+    "--ckpt": ("model.ckpt", str),
+    "--dataset-path": ("data.dataset_path", str),
+    "--eval-path": ("data.eval_path", str),
+    "--reward-fn-path": ("env.reward_fn_path", str),
+    "--agent-fn": ("env.agent_fn", str),
+    "--world-size": ("cluster.world_size", int),
+    "--tp-size": ("cluster.tp_size", int),
+    "--batch-size": ("rollout.batch_size", int),
+    "--n-samples": ("rollout.n_samples", int),
+    "--mini-bs": ("learner.mini_bs", int),
+    "--max-new-tokens": ("rollout.max_new_tokens", int),
+    "--temperature": ("rollout.temperature", float),
+    "--lr": ("learner.lr", float),
+    "--adam-8bit": ("learner.adam_8bit", bool),
+    "--drop-rollout-state": ("rollout.drop_rollout_state", bool),
+    "--save-path": ("checkpoint.save_path", str),
+    "--save-interval": ("checkpoint.save_interval", int),
+    "--metrics-log-dir": ("logging.metrics_log_dir", str),
+    "--max-steps": ("max_steps", int),
+    "--seed": ("seed", int),
+    "--run-dir": ("run_dir", str),
+    "--resume": ("checkpoint.resume", str),
+    "--engine": ("rollout.engine", str),
+    "--address": ("cluster.address", str),
+}
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Add `--config`, the AReno-style flags and positional dotted overrides to ``parser``."""
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (flags and overrides win)")
+    for flag, (path, typ) in FLAGS.items():
+        dest = "flag:" + flag
+        if typ is bool:
+            parser.add_argument(flag, dest=dest, action="store_true", default=None, help=f"sets {path}")
+        else:
+            # parsed as text: pydantic converts and reports bad values with the field path
+            parser.add_argument(flag, dest=dest, metavar=typ.__name__.upper(), help=f"sets {path}")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help="dotted overrides, e.g. algo.clip_eps_low=3e-4 learner.lr=1e-6 (values parsed as TOML)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Build the config from parsed ``add_config_args`` arguments."""
+    flags = {flag: getattr(args, "flag:" + flag) for flag in FLAGS}
+    return load_config(
+        args.config,
+        flags={k: v for k, v in flags.items() if v is not None},
+        overrides=list(args.overrides or []),
+    )
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    flags: dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+) -> Config:
+    """defaults < TOML file < flags (``{"--lr": "1e-5"}``) < dotted overrides (``["algo.name=grpo"]``)."""
+    tree: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if path is not None:
+        tree = read_toml(path)
+        for key in _leaf_paths(tree):
+            sources[key] = f"file {path}"
+    for flag, value in (flags or {}).items():
+        if flag not in FLAGS:
+            raise ConfigError(f"unknown flag {flag}; known: {', '.join(FLAGS)}")
+        dotted = FLAGS[flag][0]
+        _set_dotted(tree, dotted, value)
+        sources[dotted] = f"flag {flag}={value}"
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. algo.clip_eps_low=3e-4")
+        key = key.strip()
+        _set_dotted(tree, key, _parse_override_value(raw))
+        sources[key] = f"override {item}"
+    try:
+        cfg = Config.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, sources)) from None
+    if not cfg.run_dir:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        cfg.run_dir = str(Path("runs") / f"{cfg.algo.name}-{stamp}")
+    return cfg
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p}: not found")
+    try:
+        with p.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {p}: invalid TOML: {err}") from None
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as TOML (None values are left out: they mean 'default')."""
+    import tomli_w
+
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    Path(path).write_text(tomli_w.dumps(data))
+
+
+def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, docstring) of every leaf field, for `--help-config`."""
+    rows = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += describe_fields(ann, f"{prefix}{name}.")
+        else:
+            rows.append((f"{prefix}{name}", repr(field.default), (field.description or "").replace("\n", " ")))
+    return rows
+
+
+# --- helpers ---------------------------------------------------------------------------------
+def _parse_override_value(raw: str) -> Any:
+    """TOML value syntax (3e-4, true, [1, 2], "text"); anything else is taken as a bare string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, cannot set {dotted}")
+        node = child
+    node[parts[-1]] = value
+
+
+def _leaf_paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out += _leaf_paths(v, f"{prefix}{k}.")
+        else:
+            out.append(prefix + k)
+    return out
+
+
+def _format_validation_error(err: ValidationError, sources: dict[str, str]) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "value_error":
+            # our own cross-field checks already start with the field path
+            msg = msg.removeprefix("Value error, ")
+            field, sep, rest = msg.partition(": ")
+            if sep and "." in field:
+                loc, msg = field, rest
+        source = sources.get(loc)
+        got = "" if e["type"] in ("extra_forbidden", "value_error") else f" (got {e.get('input')!r})"
+        where = f" [from {source}]" if source else ""
+        lines.append(f"{loc or '<root>'}: {msg}{got}{where}")
+    return "invalid config:\n  " + "\n  ".join(lines)
