@@ -1,0 +1,38 @@
+"""The tic-tac-toe agent plug-in: one chat completion per board, forced to call `choose_square`.
+
+Why this shape: it is the smallest agent that exercises the whole agent path (OpenAI client ->
+proxy -> engine -> tool-call parser) and returns exactly what reward.py needs. It sets no
+sampling parameters (temperature, max_tokens): the proxy applies the job's sampling settings,
+so the same agent file serves training, eval and play.
+
+Returned output (docs/CONTRACTS.md, "Tic-tac-toe agent output"):
+    {"content": str | None, "tool_calls": [{"name": str, "arguments": str (JSON text)}], "finish_reason": str}
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, TOOL_NAME, messages_for
+
+if TYPE_CHECKING:
+    import openai
+
+
+async def agent(item: dict, client: openai.AsyncOpenAI, model: str) -> dict:
+    """Ask `model` (through `client`, pointed at the proxy) for a move on `item['board']`."""
+    response = await client.chat.completions.create(
+        model=model,
+        messages=messages_for(item["board"]),
+        tools=[CHOOSE_SQUARE_TOOL],
+        tool_choice={"type": "function", "function": {"name": TOOL_NAME}},
+    )
+    choice = response.choices[0]
+    message = choice.message
+    return {
+        "content": message.content,
+        "tool_calls": [
+            {"name": tool_call.function.name, "arguments": tool_call.function.arguments}
+            for tool_call in message.tool_calls or []
+        ],
+        "finish_reason": choice.finish_reason,
+    }

@@ -1,0 +1,106 @@
+"""The tic-tac-toe reward plug-in: `reward(record) -> float` and `outcome(record) -> str`.
+
+record = {"item": <dataset item>, "output": <agent output>} (docs/CONTRACTS.md), where the agent
+output is {"content": str | None, "tool_calls": [{"name": str, "arguments": str}], "finish_reason": str}.
+
+Rules (the design's reward table), deciding on the FIRST tool call only:
+    no tool call                                   -1.0  'no_tool_call'
+      ... but the content holds a broken or unextracted tool-call attempt
+                                                   -1.0  'parse_error'
+    wrong tool name, arguments not JSON text of an object with exactly the key 'square',
+    or 'square' not a JSON integer (true, 5.0 and "5" are not integers: the schema says integer)
+                                                   -1.0  'parse_error'
+    integer outside 1..9                           -1.0  'out_of_range'
+    occupied square                                -1.0  'occupied'
+    immediate win                                   1.0  'win'
+    minimax-optimal move                            0.8  'optimal'
+    legal, not optimal                              0.0  'legal_suboptimal'
+
+Why so defensive: the output is whatever a policy under training produced, so any field may have
+any type. A malformed output is a -1.0 sample, never an exception (an exception would mark the
+trajectory failed and drop it from the group baseline, hiding exactly the behaviour RL must punish).
+Only a bad `record['item']` raises: that is bad data or a framework bug, not the model's fault.
+"""
+from __future__ import annotations
+
+import json
+
+from rlsys.envs.tictactoe import game
+from rlsys.envs.tictactoe.dataset import validate_item
+from rlsys.envs.tictactoe.prompt import TOOL_NAME
+from rlsys.proxy.toolcalls import parse_tool_calls
+
+MALFORMED_REWARD = -1.0
+
+
+def _label_without_tool_calls(content: object) -> str:
+    """'parse_error' if `content` holds a tool-call attempt the proxy did not deliver, else 'no_tool_call'."""
+    if not isinstance(content, str):
+        return "no_tool_call"
+    parsed = parse_tool_calls(content, tool_names={TOOL_NAME})
+    return "parse_error" if parsed.errors or parsed.calls else "no_tool_call"
+
+
+def _square_from_arguments(arguments: object) -> int | None:
+    """The 'square' integer if `arguments` is JSON text of exactly {"square": <int>}, else None."""
+    if not isinstance(arguments, str):
+        return None
+    try:
+        decoded = json.loads(arguments)
+    except (ValueError, RecursionError):  # bad JSON (incl. huge ints), or nesting too deep to decode
+        return None
+    if not isinstance(decoded, dict) or set(decoded) != {"square"}:
+        return None
+    square = decoded["square"]
+    if type(square) is not int:  # rejects bool (a subclass of int), float and str
+        return None
+    return square
+
+
+def _first_call_square(output: object) -> int | str:
+    """The square of the first tool call, or the label ('no_tool_call' / 'parse_error') explaining why none."""
+    if output is None:
+        return "no_tool_call"
+    if not isinstance(output, dict):
+        return "parse_error"
+    tool_calls = output.get("tool_calls")
+    if tool_calls is None or tool_calls == []:
+        return _label_without_tool_calls(output.get("content"))
+    if not isinstance(tool_calls, list):
+        return "parse_error"
+    first_call = tool_calls[0]
+    if not isinstance(first_call, dict) or first_call.get("name") != TOOL_NAME:
+        return "parse_error"
+    square = _square_from_arguments(first_call.get("arguments"))
+    return "parse_error" if square is None else square
+
+
+def _checked_board(record: object) -> str:
+    """record['item']['board'], after checking the item; raises ValueError naming it as a data/framework bug."""
+    if not isinstance(record, dict) or "item" not in record:
+        raise ValueError(
+            f"reward record must be a dict with an 'item' key (framework bug), got {type(record).__name__}"
+        )
+    try:
+        validate_item(record["item"])
+    except ValueError as error:
+        raise ValueError(f"reward record has an invalid dataset item (bad data or framework bug): {error}") from error
+    return record["item"]["board"]
+
+
+def outcome(record: dict) -> str:
+    """The error-table label of `record` (one of game.OUTCOMES)."""
+    board = _checked_board(record)
+    square_or_label = _first_call_square(record.get("output"))
+    if isinstance(square_or_label, str):
+        return square_or_label
+    return game.move_outcome(board, square_or_label)
+
+
+def reward(record: dict) -> float:
+    """The scalar reward of `record`: -1.0 for any malformed or illegal move, else game.score_move."""
+    board = _checked_board(record)
+    square_or_label = _first_call_square(record.get("output"))
+    if isinstance(square_or_label, str):
+        return MALFORMED_REWARD
+    return game.score_move(board, square_or_label)
