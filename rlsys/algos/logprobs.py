@@ -1,0 +1,112 @@
+"""Per-token log-probabilities of given targets, and a masked mean.
+
+Shift convention: the caller shifts. ``logits[:, t]`` is the distribution that *predicts*
+``target_ids[:, t]``; for a causal LM over ``input_ids`` (B, L) that means
+``logits = model(input_ids).logits[:, :-1]`` and ``target_ids = input_ids[:, 1:]`` (and the loss mask
+is shifted the same way: ``loss_mask[:, 1:]``). Nothing in this module shifts again.
+
+Memory: ``log_softmax(logits.float())`` would materialise a (B, T, V) float32 copy, and autograd would
+keep it (plus the temperature-scaled copy) alive until backward: ~4.6 GiB at B*T=8k, V=150k. Here a
+small autograd Function walks the rows in chunks of about ``_CHUNK_BYTES`` of float32, keeps only the
+per-row logsumexp (B*T floats) for backward, and recomputes the softmax chunk by chunk in backward.
+The only full-size buffer is the gradient itself, in the logits' dtype. Computation is float32 (float64
+if the logits are float64), whatever the logits' dtype.
+
+Temperature: ``log softmax(logits / temperature)``, the distribution the engine sampled from. Match it to
+what the engine reports: vLLM returns *raw* (temperature-free) logprobs unless ``logprobs_mode`` is set
+to ``processed_logprobs``.
+"""
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+_CHUNK_BYTES = 1 << 28  # ~256 MiB of float32 working set per chunk
+
+
+class _TargetLogprob(torch.autograd.Function):
+    """log_softmax(x / temperature)[target] row by row; x (R, V), target (R,) -> (R,)."""
+
+    @staticmethod
+    def forward(ctx, logits, target_ids, temperature, chunk_rows):  # (R, V), (R,), float, int
+        compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+        rows = logits.shape[0]
+        out = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
+        lse = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
+        for start in range(0, rows, chunk_rows):
+            end = min(start + chunk_rows, rows)
+            x = logits[start:end].to(compute_dtype)  # (r, V); may alias logits: no in-place ops
+            if temperature != 1.0:
+                x = x / temperature
+            chunk_lse = torch.logsumexp(x, dim=-1)  # (r,)
+            out[start:end] = x.gather(1, target_ids[start:end, None]).squeeze(1) - chunk_lse
+            lse[start:end] = chunk_lse
+        ctx.save_for_backward(logits, target_ids, lse)
+        ctx.temperature = temperature
+        ctx.chunk_rows = chunk_rows
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # (R,)
+        logits, target_ids, lse = ctx.saved_tensors
+        temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
+        grad = torch.empty_like(logits)  # (R, V) in the logits' dtype
+        for start in range(0, logits.shape[0], chunk_rows):
+            end = min(start + chunk_rows, logits.shape[0])
+            x = logits[start:end].to(lse.dtype)
+            if temperature != 1.0:
+                x = x / temperature
+            # d/dx_v log p(target) = (1[v == target] - softmax(x)_v) / temperature
+            g = (grad_out[start:end].to(lse.dtype) / temperature)[:, None]  # (r, 1)
+            chunk_grad = torch.exp(x - lse[start:end, None])  # (r, V), a fresh tensor
+            chunk_grad.mul_(-g)
+            chunk_grad.scatter_add_(1, target_ids[start:end, None], g)
+            grad[start:end] = chunk_grad
+        return grad, None, None, None
+
+
+def token_logprobs(
+    logits: torch.Tensor,  # (B, T, V) already shifted: logits[:, t] predicts target_ids[:, t]
+    target_ids: torch.Tensor,  # (B, T) long, every id in [0, V) (put any valid id on padding)
+    temperature: float = 1.0,
+    *,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:  # (B, T) float32 (float64 for float64 logits)
+    """``log_softmax(logits / temperature).gather(-1, target_ids)`` without a full float32 copy.
+
+    Differentiable with respect to ``logits`` (once). ``chunk_rows`` overrides how many of the B*T
+    rows are processed at a time (default: ~256 MiB of float32 per chunk).
+    """
+    if logits.dim() != 3 or target_ids.shape != logits.shape[:2]:
+        raise ValueError(
+            f"token_logprobs: logits {tuple(logits.shape)} must be (B, T, V) and "
+            f"target_ids {tuple(target_ids.shape)} must be (B, T)"
+        )
+    if temperature <= 0:
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
+    batch, steps, vocab = logits.shape
+    rows = chunk_rows if chunk_rows is not None else max(1, _CHUNK_BYTES // (4 * max(vocab, 1)))
+    flat = _TargetLogprob.apply(
+        logits.reshape(batch * steps, vocab),
+        target_ids.reshape(batch * steps).long(),
+        float(temperature),
+        int(rows),
+    )  # (B*T,)
+    return flat.view(batch, steps)
+
+
+def masked_mean(
+    x: torch.Tensor,  # any shape
+    mask: torch.Tensor,  # bool or 0/1, broadcastable to x; positions where it is 0 are ignored
+    dim: int | None = None,
+) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is set; 0 where nothing is set.
+
+    Masked-out values never reach the result or its gradient, even if they are inf or NaN.
+    """
+    m = mask.bool().expand_as(x)
+    total = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    if dim is None:
+        return total.sum() / m.sum().clamp(min=1)
+    return total.sum(dim) / m.sum(dim).clamp(min=1)
