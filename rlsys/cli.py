@@ -28,16 +28,20 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_dataset(args: argparse.Namespace) -> int:
+def _run_dataset(argv: list[str]) -> int:
     from rlsys.envs.tictactoe import dataset
 
-    return dataset.main(args.rest)
+    return dataset.main(argv) or 0
 
 
-def _cmd_tiny_model(args: argparse.Namespace) -> int:
+def _run_tiny_model(argv: list[str]) -> int:
     from rlsys.models import tiny
 
-    return tiny.main(args.rest)
+    return tiny.main(argv) or 0
+
+
+# subcommands that own their whole argument list (their modules are also `python -m` entry points)
+PASSTHROUGH = {"dataset": _run_dataset, "tiny-model": _run_tiny_model}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,17 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     p.set_defaults(handler=_cmd_config)
 
-    p = sub.add_parser("dataset", help="write a tic-tac-toe board dataset (JSONL)", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(handler=_cmd_dataset)
-
-    p = sub.add_parser("tiny-model", help="build the small Qwen2-architecture model rlsys uses on CPU", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(handler=_cmd_tiny_model)
+    sub.add_parser("dataset", help="write a tic-tac-toe board dataset (JSONL); see `rlsys dataset --help`")
+    sub.add_parser("tiny-model", help="build the small Qwen2-architecture model rlsys uses on CPU")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
