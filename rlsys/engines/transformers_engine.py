@@ -1,0 +1,436 @@
+"""A generation engine on plain transformers: the CPU path of rlsys (and a GPU fallback without vLLM).
+
+Concurrent ``generate``/``score`` calls are queued; one background asyncio task takes up to
+``max_batch_size`` of them (waiting at most ``batch_wait_s`` for company) and runs the batch in a
+single worker thread, so the event loop, which also serves the HTTP proxy, stays responsive while
+torch computes. Batched decoding left-pads the prompts (attention mask + per-row position ids), keeps
+a KV cache (``DynamicCache``) and drops rows from the batch as they finish.
+
+Sampling is per request: temperature (0 = greedy), top-p, and a ``torch.Generator`` seeded from
+``SamplingParams.seed`` (or from an engine-level generator seeded at construction). Each sampled
+token consumes exactly one uniform from the request's own generator, so the random stream does not
+depend on which other requests share the batch; the logits can still differ in the last bits with
+the batch's padding and shape, so a seeded token is reproducible across batch compositions only "as
+far as numerics allow" (a flip needs the uniform to land within ~1e-7 of a CDF boundary).
+
+Logprobs are those of the raw distribution (log_softmax at temperature 1, no top-p) at the sampled
+token: the quantity the learner recomputes (vLLM's ``logprobs_mode=raw_logprobs``).
+
+``sleep(level=2)`` mirrors vLLM: weights count as dropped until ``load_weights`` has refilled every
+parameter, and generating before that raises instead of serving stale weights (see TRAPS.md, vLLM
+#29341). Token ids are validated before they reach a batch, so one bad request never fails others.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_DROPPED = "weights dropped by sleep(level=2); load_weights() before wake"
+WAKE_TAGS = ("weights", "kv_cache")
+# score() splits its batch so that the (B, C+1, V) fp32 logits stay under this many bytes
+SCORE_LOGITS_BUDGET_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class _GenerateRequest:
+    prompt_ids: list[int]  # (P,)
+    params: SamplingParams
+    generator: torch.Generator  # CPU generator, one uniform per sampled token
+    future: asyncio.Future
+
+
+@dataclass
+class _ScoreRequest:
+    prompt_ids: list[int]  # (P,)
+    continuation_ids: list[int]  # (C,)
+    future: asyncio.Future
+
+
+def _as_id_list(eos: int | Iterable[int] | None) -> list[int]:
+    if eos is None:
+        return []
+    if isinstance(eos, int):
+        return [eos]
+    return [int(e) for e in eos]
+
+
+class TransformersEngine(Engine):
+    """``Engine`` over ``AutoModelForCausalLM``, batching concurrent requests itself."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.005,
+        eos_token_ids: int | Iterable[int] | None = None,
+        seed: int = 0,
+        attn_implementation: str | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM  # noqa: PLC0415 (heavy import, only when built)
+
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        load_kwargs = {"dtype": dtype}
+        if attn_implementation is not None:
+            load_kwargs["attn_implementation"] = attn_implementation
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs).to(self.device).eval()
+        self.model.requires_grad_(False)
+        config = self.model.config
+
+        # ---- ids the engine needs: vocab bound, eos, pad, context length
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        text_config = config.get_text_config()
+        if eos_token_ids is None:
+            gen_cfg = getattr(self.model, "generation_config", None)
+            eos_token_ids = getattr(gen_cfg, "eos_token_id", None)
+            if eos_token_ids is None:
+                eos_token_ids = getattr(text_config, "eos_token_id", None)
+        self.eos_token_ids: tuple[int, ...] = tuple(_as_id_list(eos_token_ids))
+        pad = getattr(text_config, "pad_token_id", None)
+        self.pad_token_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
+        self.max_model_len: int | None = getattr(text_config, "max_position_embeddings", None)
+        # transformers 5.x renamed past_key_values -> cache (the old name is deprecated until 5.40)
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+        # ---- weight targets by HF name; tied weights appear under every alias
+        self._targets: dict[str, torch.Tensor] = dict(self.model.state_dict(keep_vars=True))
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            self._targets.setdefault(name, p)  # e.g. lm_head.weight when a version leaves it out
+        self._param_ids = {id(p) for p in self.model.parameters()}  # unique parameters (aliases once)
+
+        # ---- state
+        self._seed_generator = torch.Generator().manual_seed(seed)  # seeds for seed=None requests
+        self._sleeping: set[str] = set()  # subset of WAKE_TAGS
+        self._weights_dropped = False
+        self._loaded_since_drop: set[int] = set()  # ids of parameters refilled after sleep(2)
+        self._closed = False
+        # one worker thread runs every forward pass; load_weights takes the same lock
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsys-engine")
+        self._model_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
+        self._check_serving()
+        prompt = self._checked_ids(prompt_ids, "prompt_ids")
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        total = len(prompt) + params.max_new_tokens
+        if self.max_model_len is not None and total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the model's max_position_embeddings ({self.max_model_len})"
+            )
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
+        generator = torch.Generator().manual_seed(seed)
+        return await self._submit(lambda fut: _GenerateRequest(prompt, params, generator, fut))
+
+    async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+        self._check_serving()
+        prompt = self._checked_ids(prompt_ids, "prompt_ids")
+        continuation = self._checked_ids(continuation_ids, "continuation_ids")
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        total = len(prompt) + len(continuation)
+        if self.max_model_len is not None and total > self.max_model_len:
+            raise ValueError(f"{total} tokens exceed the model's max_position_embeddings ({self.max_model_len})")
+        if not continuation:
+            return []
+        return await self._submit(lambda fut: _ScoreRequest(prompt, continuation, fut))
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy tensors in place by HF name (dtype cast allowed, shape must match); returns the count.
+
+        Blocks while a batch is running (the worker holds the same lock).
+        """
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        count = 0
+        with self._model_lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                target = self._targets.get(name)
+                if target is None:
+                    raise KeyError(f"load_weights: unknown weight name {name!r} (the model has {len(self._targets)})")
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is {tuple(target.shape)}"
+                    )
+                target.copy_(tensor)  # in place: casts dtype and moves device
+                self._loaded_since_drop.add(id(target))
+                count += 1
+            if self._weights_dropped and self._param_ids <= self._loaded_since_drop:
+                self._weights_dropped = False
+        return count
+
+    async def sleep(self, level: int = 1) -> None:
+        """Level 1: nothing to free on CPU, only recorded. Level 2: weights count as dropped."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        self._check_open()
+        self._sleeping = set(WAKE_TAGS)
+        if level == 2:
+            self._weights_dropped = True
+            self._loaded_since_drop.clear()
+
+    async def wake(self, tags: list[str] | None = None) -> None:
+        self._check_open()
+        tags = list(WAKE_TAGS) if tags is None else list(tags)
+        unknown = [t for t in tags if t not in WAKE_TAGS]
+        if unknown:
+            raise ValueError(f"unknown wake tags {unknown}; expected a subset of {list(WAKE_TAGS)}")
+        self._sleeping.difference_update(tags)
+
+    async def reset_prefix_cache(self) -> None:
+        self._check_open()  # no prefix cache here: every batch starts from an empty KV cache
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        yield from self.model.state_dict().items()
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._queue is not None:
+            while not self._queue.empty():
+                req = self._queue.get_nowait()
+                if not req.future.done():
+                    req.future.set_exception(RuntimeError("engine shut down"))
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def weights_dropped(self) -> bool:
+        return self._weights_dropped
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self._sleeping)
+
+    # ------------------------------------------------------------------ state checks
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+
+    def _check_serving(self) -> None:
+        self._check_open()
+        if self._weights_dropped:
+            n = len(self._loaded_since_drop & self._param_ids)
+            raise RuntimeError(f"{WEIGHTS_DROPPED} ({n}/{len(self._param_ids)} parameters loaded since)")
+        if self._sleeping:
+            raise RuntimeError(f"engine is asleep ({sorted(self._sleeping)}); call wake() first")
+
+    def _checked_ids(self, ids: list[int], what: str) -> list[int]:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"{what}: ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    # ------------------------------------------------------------------ batching (event loop side)
+
+    async def _submit(self, make_request) -> object:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._loop is not loop:
+            if self._loop is not None and self._loop is not loop and self._loop.is_running():
+                raise RuntimeError("TransformersEngine is serving another running event loop")
+            # first call, or a new loop (e.g. a second asyncio.run): the old task died with its loop
+            self._loop, self._queue = loop, asyncio.Queue()
+            self._task = loop.create_task(self._batch_loop(self._queue), name="rlsys-engine-batcher")
+        future = loop.create_future()
+        self._queue.put_nowait(make_request(future))
+        return await future
+
+    async def _batch_loop(self, queue: asyncio.Queue) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await queue.get()]
+            if queue.qsize() < self.max_batch_size - 1 and self.batch_wait_s > 0:
+                await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join this batch
+            while len(batch) < self.max_batch_size and not queue.empty():
+                batch.append(queue.get_nowait())
+            batch = [r for r in batch if not r.future.done()]  # callers that gave up
+            if not batch:
+                continue
+            try:
+                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+            except asyncio.CancelledError:
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(RuntimeError("engine shut down"))
+                raise
+            except Exception as exc:  # the batch's callers get the error; the engine keeps serving
+                log.warning("engine batch of %d failed: %r", len(batch), exc)
+                results = [exc] * len(batch)
+            for req, res in zip(batch, results):
+                if req.future.done():
+                    continue
+                if isinstance(res, BaseException):
+                    req.future.set_exception(res)
+                else:
+                    req.future.set_result(res)
+
+    # ------------------------------------------------------------------ compute (worker thread side)
+
+    def _run_batch(self, batch: list) -> list:
+        """Results (or the exception of their sub-batch) in the order of ``batch``."""
+        generate = [r for r in batch if isinstance(r, _GenerateRequest)]
+        score = [r for r in batch if isinstance(r, _ScoreRequest)]
+        results: dict[int, object] = {}
+        with self._model_lock, torch.inference_mode():
+            for reqs, run in ((generate, self._generate_batch), (score, self._score_batch)):
+                if not reqs:
+                    continue
+                try:
+                    self._check_serving()  # sleep() may have come between enqueue and now
+                    outs = run(reqs)
+                except Exception as exc:
+                    log.warning("engine %s batch of %d failed: %r", run.__name__, len(reqs), exc)
+                    outs = [exc] * len(reqs)
+                results.update((id(r), o) for r, o in zip(reqs, outs))
+        return [results[id(r)] for r in batch]
+
+    def _left_pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, L) input ids, attention mask and position ids; real tokens flush right."""
+        width = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            input_ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            attention_mask[i, width - len(s) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # 0.. on real tokens, 0 on pads
+        return input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache=None, logits_to_keep: int = 0) -> torch.Tensor:
+        kwargs = {self._cache_kwarg: cache, "use_cache": cache is not None}
+        out = self.model(
+            input_ids=input_ids,  # (B, T)
+            attention_mask=attention_mask,  # (B, past + T)
+            position_ids=position_ids,  # (B, T)
+            logits_to_keep=logits_to_keep,
+            **kwargs,
+        )
+        return out.logits  # (B, T or logits_to_keep, V)
+
+    def _generate_batch(self, reqs: list[_GenerateRequest]) -> list[GenerateOutput]:
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        n = len(reqs)
+        stops = [set(self.eos_token_ids) | set(r.params.stop_token_ids) for r in reqs]
+        tokens: list[list[int]] = [[] for _ in reqs]
+        logprobs: list[list[float]] = [[] for _ in reqs]
+        finish: list[str] = ["length"] * n
+
+        # ---- prefill
+        input_ids, attention_mask, position_ids = self._left_pad([r.prompt_ids for r in reqs])
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(input_ids, attention_mask, position_ids, cache, logits_to_keep=1)[:, -1]  # (b, V)
+        active = list(range(n))  # request index of each batch row
+        next_pos = torch.tensor([len(r.prompt_ids) for r in reqs], device=self.device)  # (b,)
+
+        # ---- decode: sample, record, drop finished rows, feed the sampled tokens
+        while True:
+            raw = torch.log_softmax(logits.float(), dim=-1)  # (b, V) raw distribution, T = 1
+            sampled, keep = [], []
+            for row, i in enumerate(active):
+                tok = self._sample(logits[row], reqs[i].params, reqs[i].generator)
+                tokens[i].append(tok)
+                logprobs[i].append(float(raw[row, tok]))
+                if tok in stops[i]:
+                    finish[i] = "stop"
+                elif len(tokens[i]) < reqs[i].params.max_new_tokens:
+                    keep.append(row)
+                sampled.append(tok)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                rows = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(rows)
+                attention_mask, next_pos = attention_mask[rows], next_pos[rows]
+                active, sampled = [active[r] for r in keep], [sampled[r] for r in keep]
+            b = len(active)
+            attention_mask = torch.cat(
+                [attention_mask, torch.ones((b, 1), dtype=attention_mask.dtype, device=self.device)], dim=1
+            )  # (b, past + 1)
+            step_ids = torch.tensor(sampled, device=self.device).unsqueeze(1)  # (b, 1)
+            logits = self._forward(step_ids, attention_mask, next_pos.unsqueeze(1), cache)[:, -1]  # (b, V)
+            next_pos = next_pos + 1
+        return [
+            GenerateOutput(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]) for i in range(n)
+        ]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+        """One token from ``logits`` (V,): greedy at temperature 0, else temperature + top-p.
+
+        Inverse-CDF sampling with one uniform from the request's own generator, so the stream of
+        uniforms depends only on the seed and the number of tokens sampled so far.
+        """
+        if params.temperature == 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / params.temperature, dim=-1)  # (V,)
+        ids = None
+        if params.top_p < 1.0:
+            probs, ids = probs.sort(descending=True)
+            mass_before = probs.cumsum(0) - probs
+            probs = probs * (mass_before < params.top_p)  # smallest prefix reaching top_p; first kept
+        cdf = probs.cumsum(0)  # (V,)
+        u = float(torch.rand((), generator=generator))
+        idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], device=cdf.device), right=True))
+        if idx >= cdf.numel() or probs[idx] <= 0:  # u * total rounded onto the top: last nonzero entry
+            idx = int(torch.nonzero(probs > 0)[-1])
+        return int(ids[idx]) if ids is not None else idx
+
+    def _score_batch(self, reqs: list[_ScoreRequest]) -> list[list[float]]:
+        out: list[list[float]] = []
+        vocab = self.vocab_size
+        start = 0
+        while start < len(reqs):  # sub-batches that keep the logits under the budget
+            end, longest = start, 0
+            while end < len(reqs):
+                longest_if = max(longest, len(reqs[end].continuation_ids))
+                if end > start and (end - start + 1) * (longest_if + 1) * vocab * 4 > SCORE_LOGITS_BUDGET_BYTES:
+                    break
+                longest, end = longest_if, end + 1
+            out.extend(self._score_padded(reqs[start:end], longest))
+            start = end
+        return out
+
+    def _score_padded(self, reqs: list[_ScoreRequest], longest: int) -> list[list[float]]:
+        # left padding makes every sequence end at the last column, so the logits that predict any
+        # continuation sit in the last (longest + 1) positions
+        input_ids, attention_mask, position_ids = self._left_pad([r.prompt_ids + r.continuation_ids for r in reqs])
+        logits = self._forward(input_ids, attention_mask, position_ids, logits_to_keep=longest + 1)  # (B, K, V)
+        raw = torch.log_softmax(logits.float(), dim=-1)  # (B, K, V)
+        k = longest + 1
+        result = []
+        for i, r in enumerate(reqs):
+            c = len(r.continuation_ids)
+            rows = torch.arange(k - 1 - c, k - 1, device=self.device)  # logits at t predict token t + 1
+            cont = torch.tensor(r.continuation_ids, device=self.device)
+            result.append(raw[i, rows, cont].tolist())
+        return result

@@ -1,0 +1,349 @@
+"""TransformersEngine against a plain uncached forward loop on a tiny random Qwen2 model.
+
+The model is built here (vocab 128, hidden 32, 2 layers, tied embeddings, a wide init so greedy
+outputs are not one token repeated) so these tests do not depend on rlsys's tiny model.
+"""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rlsys.engines import make_engine
+from rlsys.engines.base import SamplingParams
+from rlsys.engines.transformers_engine import TransformersEngine
+
+EOS = 1
+MAX_POS = 64
+PROMPTS = [  # 8 prompts of different lengths
+    [5, 6, 7, 8, 9, 10, 11],
+    [3, 4],
+    [12, 13, 14, 15],
+    [100],
+    [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30],
+    [40, 41, 42],
+    [77, 66, 55, 44, 33],
+    [90, 91, 92, 93, 94, 95, 96, 97, 98],
+]
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    config = Qwen2Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POS,
+        tie_word_embeddings=True,
+        initializer_range=0.3,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ref_model(model_path):
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def engine(model_path):
+    eng = TransformersEngine(str(model_path), batch_wait_s=0.02)
+    yield eng
+    asyncio.run(eng.shutdown())
+
+
+@torch.no_grad()
+def reference_greedy(model, prompt: list[int], max_new_tokens: int, stop=(EOS,)):
+    """Step-by-step argmax with a full forward pass per token (no cache, no padding)."""
+    ids, tokens, logprobs = list(prompt), [], []
+    for _ in range(max_new_tokens):
+        logits = model(torch.tensor([ids])).logits[0, -1]  # (V,)
+        tok = int(torch.argmax(logits))
+        tokens.append(tok)
+        logprobs.append(float(torch.log_softmax(logits, -1)[tok]))
+        ids.append(tok)
+        if tok in stop:
+            return tokens, logprobs, "stop"
+    return tokens, logprobs, "length"
+
+
+def gather(engine, prompts, params):
+    async def go():
+        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+
+    return asyncio.run(go())
+
+
+def one_at_a_time(engine, prompts, params):
+    async def go():
+        return [await engine.generate(p, params) for p in prompts]
+
+    return asyncio.run(go())
+
+
+def test_greedy_matches_uncached_reference(engine, ref_model):
+    outs = one_at_a_time(engine, PROMPTS[:4], GREEDY)
+    for prompt, out in zip(PROMPTS, outs):
+        tokens, logprobs, finish = reference_greedy(ref_model, prompt, GREEDY.max_new_tokens)
+        assert out.token_ids == tokens, prompt
+        assert out.finish_reason == finish
+        assert out.logprobs == pytest.approx(logprobs, abs=1e-5)
+    assert len({tuple(o.token_ids) for o in outs}) > 1, "degenerate model: every prompt gives the same output"
+
+
+def test_concurrent_requests_are_batched_and_match_sequential(engine, ref_model, monkeypatch):
+    sizes = []
+    real = engine._generate_batch
+    monkeypatch.setattr(engine, "_generate_batch", lambda reqs: sizes.append(len(reqs)) or real(reqs))
+    batched = gather(engine, PROMPTS, GREEDY)
+    assert max(sizes) > 1, f"requests were not batched: batch sizes {sizes}"
+    sequential = one_at_a_time(engine, PROMPTS, GREEDY)
+    for prompt, b, s in zip(PROMPTS, batched, sequential):
+        assert b.token_ids == s.token_ids, prompt
+        assert b.finish_reason == s.finish_reason
+        assert b.logprobs == pytest.approx(s.logprobs, abs=1e-5)
+        tokens, logprobs, _ = reference_greedy(ref_model, prompt, GREEDY.max_new_tokens)
+        assert b.token_ids == tokens and b.logprobs == pytest.approx(logprobs, abs=1e-5)
+
+
+def test_mixed_lengths_and_stop_ids_in_one_batch(engine, ref_model):
+    full = one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0]
+    stop_tok = full.token_ids[3]
+    first = full.token_ids.index(stop_tok)
+    params = [
+        SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=(stop_tok,)),
+        SamplingParams(max_new_tokens=2, temperature=0.0),
+        SamplingParams(max_new_tokens=12, temperature=0.0),
+    ]
+
+    async def go():
+        return await asyncio.gather(*(engine.generate(PROMPTS[0], p) for p in params))
+
+    stopped, short, long = asyncio.run(go())
+    assert stopped.token_ids == full.token_ids[: first + 1] and stopped.finish_reason == "stop"
+    assert stopped.logprobs == pytest.approx(full.logprobs[: first + 1], abs=1e-5)
+    assert short.token_ids == full.token_ids[:2] and short.finish_reason == "length"
+    assert long.token_ids == full.token_ids
+
+
+def test_eos_comes_from_generation_config_or_argument(engine, model_path):
+    assert engine.eos_token_ids == (EOS,)
+    full = one_at_a_time(engine, [PROMPTS[5]], GREEDY)[0]
+    eos = full.token_ids[2]
+    custom = TransformersEngine(str(model_path), eos_token_ids=[eos, 127])
+    assert custom.eos_token_ids == (eos, 127)
+    out = one_at_a_time(custom, [PROMPTS[5]], GREEDY)[0]
+    assert out.token_ids == full.token_ids[: full.token_ids.index(eos) + 1] and out.finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    def sample(seed, prompt=PROMPTS[2]):
+        params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=seed)
+        return one_at_a_time(engine, [prompt], params)[0].token_ids
+
+    a, b, c = sample(7), sample(7), sample(8)
+    assert a == b
+    assert a != c
+
+
+def test_seeded_tokens_do_not_depend_on_batch_neighbours(engine):
+    params = [SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=100 + i) for i in range(8)]
+    alone = asyncio.run(_each_alone(engine, PROMPTS, params))
+
+    async def together():
+        return await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(PROMPTS, params)))
+
+    batched = asyncio.run(together())
+    assert [o.token_ids for o in batched] == [o.token_ids for o in alone]
+
+
+async def _each_alone(engine, prompts, params):
+    return [await engine.generate(p, sp) for p, sp in zip(prompts, params)]
+
+
+def test_sampling_logprobs_are_raw_and_top_p_tiny_is_greedy(engine, ref_model):
+    hot = SamplingParams(max_new_tokens=10, temperature=0.7, top_p=1e-6, seed=3)
+    out = one_at_a_time(engine, [PROMPTS[4]], hot)[0]
+    tokens, logprobs, _ = reference_greedy(ref_model, PROMPTS[4], 10)
+    assert out.token_ids == tokens  # top_p -> 0 keeps only the argmax token
+    assert out.logprobs == pytest.approx(logprobs, abs=1e-5)  # temperature does not change logprobs
+
+
+def test_seed_none_uses_the_engine_generator(model_path):
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    first = one_at_a_time(TransformersEngine(str(model_path), seed=5), [PROMPTS[1]] * 2, params)
+    again = one_at_a_time(TransformersEngine(str(model_path), seed=5), [PROMPTS[1]] * 2, params)
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]
+    assert first[0].token_ids != first[1].token_ids
+
+
+def test_score_matches_generate_logprobs(engine):
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=11)
+    outs = gather(engine, PROMPTS[:3], params)
+
+    async def go():
+        return await asyncio.gather(*(engine.score(p, o.token_ids) for p, o in zip(PROMPTS, outs)))
+
+    scores = asyncio.run(go())
+    for out, score in zip(outs, scores):
+        assert len(score) == len(out.token_ids)
+        assert score == pytest.approx(out.logprobs, abs=1e-5)
+    assert asyncio.run(engine.score(PROMPTS[0], [])) == []
+
+
+def test_load_weights_changes_outputs_and_checks_names(engine):
+    before = one_at_a_time(engine, PROMPTS[:3], GREEDY)
+    embed = engine.model.get_input_embeddings().weight
+    new_embed = torch.randn_like(embed) * 0.3
+    assert engine.load_weights([("model.embed_tokens.weight", new_embed)]) == 1
+    # tied: the output projection is the same tensor
+    assert torch.equal(engine.model.get_output_embeddings().weight, new_embed)
+    assert torch.equal(dict(engine.named_weights())["lm_head.weight"], new_embed)
+    after = one_at_a_time(engine, PROMPTS[:3], GREEDY)
+    assert [o.token_ids for o in after] != [o.token_ids for o in before]
+    # the alias name loads the same tensor
+    assert engine.load_weights([("lm_head.weight", embed.clone().fill_(0.5))]) == 1
+    assert float(engine.model.get_input_embeddings().weight[3, 4]) == 0.5
+
+    with pytest.raises(KeyError, match="model.not_a_weight"):
+        engine.load_weights([("model.not_a_weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        engine.load_weights([("model.norm.weight", torch.zeros(31))])
+
+
+def test_sleep_level_2_refuses_until_every_weight_is_loaded_and_woken(engine):
+    expected = one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0].token_ids
+    weights = [(n, t.clone()) for n, t in engine.named_weights()]
+
+    asyncio.run(engine.sleep(level=2))
+    with pytest.raises(RuntimeError, match=r"weights dropped by sleep\(level=2\)"):
+        one_at_a_time(engine, [PROMPTS[0]], GREEDY)
+    asyncio.run(engine.wake(["weights"]))
+    assert engine.load_weights(weights[:5]) == 5  # a partial push
+    asyncio.run(engine.wake(["kv_cache"]))
+    with pytest.raises(RuntimeError, match="weights dropped"):
+        one_at_a_time(engine, [PROMPTS[0]], GREEDY)
+    with pytest.raises(RuntimeError, match="weights dropped"):
+        asyncio.run(engine.score(PROMPTS[0], [1, 2]))
+
+    assert engine.load_weights(weights) == len(weights)
+    asyncio.run(engine.reset_prefix_cache())
+    assert one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0].token_ids == expected
+
+
+def test_sleep_level_1_needs_wake(engine):
+    asyncio.run(engine.sleep(level=1))
+    with pytest.raises(RuntimeError, match="asleep"):
+        one_at_a_time(engine, [PROMPTS[0]], GREEDY)
+    asyncio.run(engine.wake())
+    assert one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0].token_ids
+    with pytest.raises(ValueError, match="sleep level"):
+        asyncio.run(engine.sleep(level=3))
+    with pytest.raises(ValueError, match="wake tags"):
+        asyncio.run(engine.wake(["gpu"]))
+
+
+def test_too_long_and_out_of_vocab_requests_fail_alone(engine):
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        one_at_a_time(engine, [[5] * 60], SamplingParams(max_new_tokens=5))
+
+    async def go():
+        return await asyncio.gather(
+            engine.generate([5, 128], GREEDY), engine.generate(PROMPTS[0], GREEDY), return_exceptions=True
+        )
+
+    bad, good = asyncio.run(go())
+    assert isinstance(bad, ValueError) and "outside the vocabulary" in str(bad)
+    assert good.token_ids == one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0].token_ids
+    with pytest.raises(ValueError, match="empty"):
+        one_at_a_time(engine, [[]], GREEDY)
+
+
+def test_failure_inside_a_batch_fails_only_that_batch(model_path):
+    engine = TransformersEngine(str(model_path), max_batch_size=2, batch_wait_s=0.05)
+    real_forward = engine.model.forward
+    calls = {"n": 0}
+
+    def flaky_forward(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected failure")
+        return real_forward(*args, **kwargs)
+
+    engine.model.forward = flaky_forward
+    results = asyncio.run(_gather_exceptions(engine, PROMPTS[:4]))
+    assert [isinstance(r, RuntimeError) and "injected" in str(r) for r in results] == [True, True, False, False]
+    assert one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0].token_ids  # still serving
+    asyncio.run(engine.shutdown())
+
+
+async def _gather_exceptions(engine, prompts):
+    return await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts), return_exceptions=True)
+
+
+def test_event_loop_stays_responsive_during_a_batch(engine):
+    real_forward = engine.model.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(0.05)  # releases the GIL like a real forward pass
+        return real_forward(*args, **kwargs)
+
+    engine.model.forward = slow_forward
+
+    async def go():
+        gaps, stop = [], asyncio.Event()
+
+        async def ticker():
+            last = time.perf_counter()
+            while not stop.is_set():
+                await asyncio.sleep(0.005)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=10, temperature=0.0))
+        stop.set()
+        await tick
+        return gaps
+
+    gaps = asyncio.run(go())
+    # a loop blocked for the batch would show one gap >= 11 forwards * 0.05 s
+    assert len(gaps) >= 10 and max(gaps) < 0.3, f"event loop stalled: {len(gaps)} ticks, max gap {max(gaps):.3f}s"
+
+
+def test_shutdown_stops_serving(model_path):
+    engine = TransformersEngine(str(model_path))
+
+    async def go():
+        await engine.generate(PROMPTS[0], GREEDY)
+        await engine.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            await engine.generate(PROMPTS[0], GREEDY)
+
+    asyncio.run(go())
+
+
+def test_make_engine_is_lazy(model_path):
+    assert isinstance(make_engine("transformers", str(model_path)), TransformersEngine)
+    with pytest.raises(ValueError, match="unknown engine kind"):
+        make_engine("tgi", str(model_path))
+    code = (
+        "import sys, rlsys.engines; "
+        "assert 'vllm' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
