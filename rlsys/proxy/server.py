@@ -1,0 +1,493 @@
+"""The OpenAI-compatible chat-completions proxy that agents talk to during rollouts.
+
+One request: validate (schema.py) -> chat template with ``tools`` -> prompt token ids -> engine ->
+completion ids + logprobs -> tool-call parser (toolcalls.py) -> an OpenAI ``ChatCompletion`` with an
+extension field ``"rlsys"`` carrying ``prompt_ids``, ``completion_ids``, ``logprobs``,
+``tool_call_errors`` and ``session_id``. With an ``X-Rlsys-Session`` header the turn is also recorded
+server-side (sessions.py), so the learner trains on the tokens actually sampled.
+
+Routes: ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models[/{id}]``, ``GET /health``. A pure
+ASGI guard in front of everything checks the bearer token (``hmac.compare_digest``) on every path,
+unknown ones included (vLLM's ``--api-key`` leaves ``/health``, ``/tokenize``, ``/metrics`` open, see
+shared/TRAPS.md), then reads the body with a size cap (413) before any routing. FastAPI's docs and
+OpenAPI routes are disabled. Client errors are 400 (or 401/404/405/413) with OpenAI's error body
+``{"error": {"message", "type", "param", "code"}}``; an engine exception is a logged 500 and the
+server keeps serving.
+
+Choices worth knowing:
+- The prompt is rendered with ``tokenize=True, return_dict=False`` (transformers 5 returns a
+  ``BatchEncoding`` by default) and control tokens in message text are *not* sanitised: text that
+  the model sampled (a malformed ``<tool_call>`` left in content, say) must re-tokenise to the same
+  ids next turn, or the session's segment breaks. The agent is the user's own trusted code.
+- ``max_tokens`` / ``max_completion_tokens`` are clipped to ``max_tokens_cap`` and to the room left in
+  ``max_model_len`` after the prompt (a prompt that leaves no room is a 400), so long multi-turn
+  episodes end with ``finish_reason="length"`` instead of an error.
+- Generation always stops at ``<|im_end|>`` / ``<|endoftext|>`` (when the vocabulary has them) and
+  the tokenizer's eos; the stop token stays in ``completion_ids`` (it was sampled and is trained on)
+  but not in the message text.
+- Without ``tools`` (or with ``tool_choice="none"``) the text is returned as content, unparsed. With
+  tools and no parsed call, content is the raw text, unstripped, so that re-rendering the history
+  reproduces the sampled tokens.
+
+``ProxyServer`` runs uvicorn as a task inside the caller's running event loop (the rollout actor is
+an async Ray actor): ``await start()`` binds 127.0.0.1 on a free port and returns once listening.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jinja2
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+from rlsys.proxy.schema import (
+    ChatCompletionRequest,
+    RequestError,
+    check_request,
+    format_validation_error,
+    loads_json,
+    template_messages,
+    template_tools,
+    tool_names,
+)
+from rlsys.proxy.sessions import SessionRecorder
+from rlsys.proxy.toolcalls import parse_tool_calls, to_openai_tool_calls
+from rlsys.types import Turn
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "X-Rlsys-Session"
+MAX_SESSION_ID_CHARS = 256
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+# ---- Errors -------------------------------------------------------------------------------------
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _error_response(status: int, message: str, type_: str = "invalid_request_error",
+                    param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+
+def _request_error_response(err: RequestError) -> JSONResponse:
+    return _error_response(err.status, str(err), "invalid_request_error", err.param, err.code)
+
+
+# ---- The guard: bearer token and body size, before any routing ------------------------------------
+
+
+class _GuardMiddleware:
+    """Pure ASGI: 401 without the right bearer token (any path), 413 over ``max_body`` bytes.
+
+    The body is read here in full (it is small JSON) and replayed to the app, so the size cap also
+    holds for chunked requests that carry no Content-Length.
+    """
+
+    def __init__(self, app: Any, *, api_token: str, max_body: int) -> None:
+        self.app = app
+        self.token = api_token.encode()
+        self.max_body = max_body
+        self.drain_limit = 16 * max_body
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # websockets: nothing here speaks them
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        headers = dict(scope["headers"])  # lower-case byte names; a repeated header keeps its last value
+        if not self._authorized(headers.get(b"authorization")):
+            await _send_json(send, 401, error_body("invalid or missing bearer token", code="invalid_api_key"),
+                             extra_headers=[(b"www-authenticate", b"Bearer")])
+            return
+        declared = headers.get(b"content-length")
+        if declared is not None and not declared.isdigit():
+            await _send_json(send, 400, error_body("bad Content-Length header", param="body"), close=True)
+            return
+        chunks, size = [], 0
+        more = True
+        if declared is None or int(declared) <= self.max_body:
+            while more and size <= self.max_body:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # the client went away: nobody to answer
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                more = message.get("more_body", False)
+        if more or size > self.max_body:
+            drain = more and (declared is None or int(declared) <= self.drain_limit)
+            await self._refuse_too_large(receive, send, size, drain)
+            return
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse_too_large(self, receive: Any, send: Any, size: int, more: bool) -> None:
+        # Read (and drop) the rest of a moderately large body (up to drain_limit) first: closing a
+        # socket with unread input makes the kernel send a reset, which the client would see
+        # instead of the 413.
+        while more and size <= self.drain_limit:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = error_body(f"request body over {self.max_body} bytes", param="body", code="request_too_large")
+        await _send_json(send, 413, body, close=True)
+
+    def _authorized(self, value: bytes | None) -> bool:
+        if value is None:
+            return False
+        scheme, _, token = value.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.token)
+
+
+async def _send_json(send: Any, status: int, body: dict, *, extra_headers: list | None = None,
+                     close: bool = False) -> None:
+    payload = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if close:  # the unread rest of the body makes the connection unusable for another request
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
+    await send({"type": "http.response.body", "body": payload})
+
+
+# ---- Prompt rendering and completion decoding ----------------------------------------------------
+
+
+class _ChatCodec:
+    """Chat template -> prompt ids, and completion ids -> text, for one tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        vocab = tokenizer.get_vocab()
+        end_ids = {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
+        eos = tokenizer.eos_token_id
+        end_ids.update([eos] if isinstance(eos, int) else (eos or []))
+        self.end_ids: frozenset[int] = frozenset(end_ids)
+
+    def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        try:
+            out = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        # What a chat template raises on input it cannot render (raise_exception() in Qwen's
+        # templates, undefined fields, type errors in its expressions, deep tool schemas in tojson).
+        except (jinja2.TemplateError, ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
+            logger.info("chat template refused a request: %s: %s", type(exc).__name__, exc)
+            raise RequestError("messages", f"the chat template cannot render this conversation: "
+                                           f"{type(exc).__name__}: {exc}") from exc
+        if isinstance(out, Mapping):  # a BatchEncoding, should a tokenizer ignore return_dict
+            out = out["input_ids"]
+        return [int(t) for t in out]
+
+    def text_of(self, completion_ids: list[int]) -> str:
+        """The message text: the ids decoded with special tokens, minus a trailing end-of-turn token."""
+        ids = completion_ids[:-1] if completion_ids and completion_ids[-1] in self.end_ids else completion_ids
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_logprobs(self, completion_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+        """OpenAI ``choices[].logprobs``: one entry per token of the message text."""
+        n = len(completion_ids) - (1 if completion_ids and completion_ids[-1] in self.end_ids else 0)
+        entries = []
+        for tid, lp in zip(completion_ids[:n], logprobs[:n]):
+            token = self.tokenizer.decode([tid], skip_special_tokens=False)
+            entries.append({"token": token, "logprob": lp, "bytes": list(token.encode("utf-8", "replace")),
+                            "top_logprobs": []})
+        return {"content": entries, "refusal": None}
+
+
+# ---- The app ------------------------------------------------------------------------------------
+
+
+def create_app(
+    engine: Engine,
+    tokenizer: Any,
+    *,
+    api_token: str,
+    model_name: str,
+    sampling_defaults: SamplingParams,
+    recorder: SessionRecorder,
+    max_request_bytes: int = 1_000_000,
+    max_tokens_cap: int = 4096,
+    max_model_len: int | None = None,
+    seed_for_session: Callable[[str, int], int] | None = None,
+) -> FastAPI:
+    """The proxy's ASGI app. ``max_model_len`` (prompt + completion) defaults to the engine's
+    ``max_model_len`` attribute when it has one, else to ``tokenizer.model_max_length`` when that is
+    a real bound (< 10**9); ``None`` there means no prompt-length check.
+
+    ``seed_for_session(session_id, turn_index)`` gives the sampling seed of a recorded request that
+    names none, so a job's samples depend on its seed and session ids, not on request arrival order."""
+    if not api_token:
+        raise ValueError("api_token must be a non-empty string")
+    if max_tokens_cap < 1:
+        raise ValueError(f"max_tokens_cap must be >= 1, got {max_tokens_cap}")
+    if max_model_len is None:
+        max_model_len = getattr(engine, "max_model_len", None)
+    if max_model_len is None and getattr(tokenizer, "model_max_length", 10**30) < 10**9:
+        max_model_len = int(tokenizer.model_max_length)
+    codec = _ChatCodec(tokenizer)
+    stop_ids = tuple(sorted(set(sampling_defaults.stop_token_ids) | codec.end_ids))
+    created = int(time.time())
+
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(_GuardMiddleware, api_token=api_token, max_body=max_request_bytes)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found" if exc.status_code == 404 else None
+        return _error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=kind)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        # A bug in the proxy, not a client error; Starlette logs the traceback after this response.
+        return _error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    model_card = {"id": model_name, "object": "model", "created": created, "owned_by": "rlsys"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> JSONResponse:
+        if model_id != model_name:
+            return _error_response(404, f"model: the model {model_id!r} does not exist", param="model",
+                                   code="model_not_found")
+        return JSONResponse(model_card)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> JSONResponse:
+        try:
+            req, session_id = _parse(await request.body(), request.headers, model_name)
+            tools = template_tools(req)
+            prompt_ids = codec.render(template_messages(req), tools)
+            params = _sampling_params(req, sampling_defaults, stop_ids, len(prompt_ids),
+                                      max_tokens_cap, max_model_len)
+            if params.seed is None and session_id is not None and seed_for_session is not None:
+                params = dataclasses.replace(params, seed=seed_for_session(session_id, recorder.num_turns(session_id)))
+        except RequestError as err:
+            return _request_error_response(err)
+
+        try:
+            out = await engine.generate(prompt_ids, params)
+            _check_output(out)
+        except Exception as exc:  # an engine failure must not take the server down: log, 500, go on
+            logger.exception("engine.generate failed on a %d-token prompt", len(prompt_ids))
+            return _error_response(500, f"engine error: {type(exc).__name__}: {exc}", "server_error")
+
+        parse_names = tool_names(req) if tools is not None else None
+        body = _completion_body(req, out, codec, prompt_ids, parse_names, session_id, model_name)
+        if session_id is not None:
+            finish = body["choices"][0]["finish_reason"]
+            recorder.record(session_id, Turn(prompt_ids, list(out.token_ids), list(out.logprobs), finish))
+        return JSONResponse(body)
+
+    return app
+
+
+def _parse(raw: bytes, headers: Mapping[str, str], model_name: str) -> tuple[ChatCompletionRequest, str | None]:
+    try:
+        data = loads_json(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RequestError("body", f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RequestError("body", f"must be a JSON object, got {type(data).__name__}")
+    try:
+        # Lone surrogates ("\ud800") decode from JSON but cannot be tokenised or sent back.
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError("body", f"contains text that is not valid Unicode: {exc.reason}") from exc
+    try:
+        req = ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        raise format_validation_error(exc) from exc
+    if req.model != model_name:
+        raise RequestError("model", f"the model {req.model!r} does not exist; this server serves {model_name!r}",
+                           status=404, code="model_not_found")
+    check_request(req)
+    session_id = headers.get(SESSION_HEADER)
+    if session_id is not None and not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
+        raise RequestError(SESSION_HEADER, f"must be 1 to {MAX_SESSION_ID_CHARS} characters")
+    return req, session_id
+
+
+def _sampling_params(req: ChatCompletionRequest, defaults: SamplingParams, stop_ids: tuple[int, ...],
+                     prompt_len: int, max_tokens_cap: int, max_model_len: int | None) -> SamplingParams:
+    requested = req.max_completion_tokens or req.max_tokens or defaults.max_new_tokens
+    max_new = min(requested, max_tokens_cap)
+    if max_model_len is not None:
+        room = max_model_len - prompt_len
+        if room < 1:
+            raise RequestError("messages", f"the prompt is {prompt_len} tokens; the model's context is "
+                                           f"{max_model_len} tokens, which leaves no room to generate")
+        max_new = min(max_new, room)
+    return SamplingParams(
+        max_new_tokens=max_new,
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        seed=defaults.seed if req.seed is None else req.seed,
+        stop_token_ids=stop_ids,
+    )
+
+
+def _check_output(out: GenerateOutput) -> None:
+    """Refuse engine output the response or the learner could not use (raised as an engine error)."""
+    if len(out.token_ids) != len(out.logprobs):
+        raise RuntimeError(f"{len(out.token_ids)} token ids but {len(out.logprobs)} logprobs")
+    if not all(math.isfinite(x) for x in out.logprobs):
+        raise RuntimeError("non-finite logprob in the engine's output")
+
+
+def _completion_body(req: ChatCompletionRequest, out: GenerateOutput, codec: _ChatCodec, prompt_ids: list[int],
+                     parse_names: list[str] | None, session_id: str | None, model_name: str) -> dict[str, Any]:
+    completion_ids = [int(t) for t in out.token_ids]
+    logprobs = [float(x) for x in out.logprobs]
+    text = codec.text_of(completion_ids)
+    calls, errors, content = [], [], text
+    if parse_names is not None:
+        parsed = parse_tool_calls(text, parse_names)
+        errors = [{"kind": e.kind, "message": e.message} for e in parsed.errors]
+        if parsed.calls:
+            calls = to_openai_tool_calls(parsed.calls, id_prefix=f"call_{uuid.uuid4().hex[:8]}_")
+            content = parsed.content or None
+    finish = "tool_calls" if calls else ("length" if out.finish_reason == "length" else "stop")
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": codec.token_logprobs(completion_ids, logprobs) if req.logprobs else None,
+        }],
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                  "total_tokens": len(prompt_ids) + len(completion_ids)},
+        "rlsys": {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
+                  "tool_call_errors": errors, "session_id": session_id},
+    }
+
+
+# ---- Running inside an existing event loop -------------------------------------------------------
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn.Server that leaves signal handling to the host process (Ray's actor, pytest):
+    ``serve()`` would otherwise install SIGINT/SIGTERM handlers when called from the main thread."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+class ProxyServer:
+    """Serve an ASGI app with uvicorn as a task of the *running* event loop.
+
+    ``await start()`` binds ``host`` (127.0.0.1) on ``port`` (0: a free one, read back from the bound
+    socket) and returns once the server listens; ``url`` is then ``http://127.0.0.1:PORT/v1``.
+    ``await stop()`` closes the listener, lets open requests finish (up to ``shutdown_timeout_s``)
+    and waits for the task. Also an async context manager.
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
+                 startup_timeout_s: float = 30.0, shutdown_timeout_s: int = 5) -> None:
+        self.app = app
+        self.host = host
+        self.port: int | None = None if port == 0 else port
+        self._requested_port = port
+        self.startup_timeout_s = startup_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self._server: _EmbeddedUvicorn | None = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None or self._task is None:
+            raise RuntimeError("ProxyServer.url: the server is not started")
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def start(self) -> str:
+        """Start listening; returns ``url``."""
+        if self._task is not None:
+            raise RuntimeError("ProxyServer.start: already started")
+        config = uvicorn.Config(
+            self.app, host=self.host, port=self._requested_port, http="h11", lifespan="off",
+            log_config=None,  # keep the host process's logging configuration (no dictConfig)
+            access_log=False, proxy_headers=False, server_header=False,
+            timeout_graceful_shutdown=self.shutdown_timeout_s,
+        )
+        self._server = _EmbeddedUvicorn(config)
+        self._task = asyncio.create_task(self._serve(), name=f"rlsys-proxy-{self.host}")
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self._server.started:
+            if self._task.done():
+                task, self._task = self._task, None
+                raise RuntimeError("ProxyServer.start: uvicorn stopped before listening") from task.exception()
+            if time.monotonic() > deadline:
+                await self.stop()
+                raise TimeoutError(f"ProxyServer.start: not listening after {self.startup_timeout_s} s")
+            await asyncio.sleep(0.005)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        logger.info("rlsys proxy listening on %s", self.url)
+        return self.url
+
+    async def _serve(self) -> None:
+        assert self._server is not None
+        try:
+            await self._server.serve()
+        # uvicorn calls sys.exit() when it cannot bind; SystemExit out of a task would stop the loop.
+        except SystemExit as exc:
+            raise RuntimeError(f"uvicorn exited with code {exc.code} (see the 'uvicorn.error' log)") from exc
+
+    async def stop(self) -> None:
+        """Stop serving and wait for it; a second call does nothing."""
+        if self._task is None or self._server is None:
+            return
+        task, self._task = self._task, None
+        self._server.should_exit = True
+        await task
+
+    async def __aenter__(self) -> "ProxyServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.stop()

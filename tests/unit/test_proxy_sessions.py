@@ -1,0 +1,138 @@
+"""SessionRecorder: turns fold into prefix-extended segments with exact loss masks and logprobs."""
+from __future__ import annotations
+
+import pytest
+
+from rlsys.proxy.sessions import SessionRecord, SessionRecorder
+from rlsys.types import Turn
+
+
+def turn(prompt: list[int], completion: list[int], finish: str = "stop") -> Turn:
+    # Distinct, recognisable logprobs: -(token id) / 100.
+    return Turn(prompt, completion, [-t / 100 for t in completion], finish)
+
+
+def test_single_turn_masks_prompt_and_marks_completion():
+    rec = SessionRecorder()
+    rec.record("s", turn([1, 2, 3], [7, 8]))
+    out = rec.pop("s")
+    assert out.num_turns == 1 and out.segment_breaks == 0 and out.dropped_turns == 0
+    (seg,) = out.segments
+    assert seg.input_ids == [1, 2, 3, 7, 8]
+    assert seg.loss_mask == [0, 0, 0, 1, 1]
+    assert seg.rollout_logprobs == [0.0, 0.0, 0.0, -0.07, -0.08]
+    assert seg.num_sampled == 2
+
+
+def test_extending_turn_masks_new_prompt_suffix_and_marks_only_completion():
+    rec = SessionRecorder()
+    rec.record("s", turn([1, 2], [7, 8]))
+    # Next prompt = previous segment + tool result tokens (50, 51) + generation prompt (3).
+    rec.record("s", turn([1, 2, 7, 8, 50, 51, 3], [9, 10, 11]))
+    out = rec.pop("s")
+    assert out.num_turns == 2 and out.segment_breaks == 0
+    (seg,) = out.segments
+    assert seg.input_ids == [1, 2, 7, 8, 50, 51, 3, 9, 10, 11]
+    assert seg.loss_mask == [0, 0, 1, 1, 0, 0, 0, 1, 1, 1]
+    assert seg.rollout_logprobs == [0.0, 0.0, -0.07, -0.08, 0.0, 0.0, 0.0, -0.09, -0.10, -0.11]
+    # The mask covers exactly the sampled ids, in order.
+    assert [t for t, m in zip(seg.input_ids, seg.loss_mask) if m] == [7, 8, 9, 10, 11]
+
+
+def test_prompt_equal_to_segment_extends_with_empty_suffix():
+    rec = SessionRecorder()
+    rec.record("s", turn([1, 2], [7]))
+    rec.record("s", turn([1, 2, 7], [8]))
+    (seg,) = rec.pop("s").segments
+    assert seg.input_ids == [1, 2, 7, 8] and seg.loss_mask == [0, 0, 1, 1]
+
+
+def test_non_extending_turn_starts_new_segment_and_counts_break():
+    rec = SessionRecorder()
+    rec.record("s", turn([1, 2], [7, 8]))
+    # Re-tokenisation drift: the previous completion came back as [7, 80], not [7, 8].
+    rec.record("s", turn([1, 2, 7, 80, 50], [9]))
+    # The third turn extends the *second* segment, not the first.
+    rec.record("s", turn([1, 2, 7, 80, 50, 9, 60], [10]))
+    out = rec.pop("s")
+    assert out.num_turns == 3 and out.segment_breaks == 1
+    first, second = out.segments
+    assert first.input_ids == [1, 2, 7, 8] and first.loss_mask == [0, 0, 1, 1]
+    assert second.input_ids == [1, 2, 7, 80, 50, 9, 60, 10]
+    assert second.loss_mask == [0, 0, 0, 0, 0, 1, 0, 1]
+
+
+def test_shorter_prompt_is_a_break_not_an_extension():
+    rec = SessionRecorder()
+    rec.record("s", turn([1, 2, 3], [7]))
+    rec.record("s", turn([1, 2], [8]))  # history truncated by the agent
+    out = rec.pop("s")
+    assert out.segment_breaks == 1 and [s.input_ids for s in out.segments] == [[1, 2, 3, 7], [1, 2, 8]]
+
+
+def test_sessions_are_independent():
+    rec = SessionRecorder()
+    rec.record("a", turn([1], [2]))
+    rec.record("b", turn([5], [6]))
+    rec.record("a", turn([1, 2, 3], [4]))
+    assert rec.pop("a").segments[0].input_ids == [1, 2, 3, 4]
+    assert rec.pop("b").segments[0].input_ids == [5, 6]
+
+
+def test_pop_removes_and_unknown_id_gives_empty_record():
+    rec = SessionRecorder()
+    rec.record("s", turn([1], [2]))
+    assert "s" in rec and rec.stats["live_sessions"] == 1
+    assert rec.pop("s").num_turns == 1
+    assert "s" not in rec and rec.stats["live_sessions"] == 0
+    again = rec.pop("s")
+    assert again == SessionRecord() and again.segments == [] and again.num_turns == 0
+    assert rec.pop("never-seen") == SessionRecord()
+
+
+def test_popped_record_is_not_changed_by_later_turns_under_same_id():
+    rec = SessionRecorder()
+    rec.record("s", turn([1], [2]))
+    first = rec.pop("s")
+    rec.record("s", turn([1, 2, 3], [4]))
+    assert first.segments[0].input_ids == [1, 2]
+    assert rec.pop("s").segments[0].input_ids == [1, 2, 3, 4]
+
+
+def test_least_recently_used_session_is_evicted_and_counted():
+    rec = SessionRecorder(max_sessions=2)
+    rec.record("a", turn([1], [2]))
+    rec.record("b", turn([1], [2]))
+    rec.record("a", turn([1, 2], [3]))  # "a" is now the most recently used
+    rec.record("c", turn([1], [2]))  # evicts "b"
+    assert rec.stats == {"live_sessions": 2, "evicted_sessions": 1, "dropped_turns": 0}
+    assert rec.pop("b") == SessionRecord()
+    assert rec.pop("a").num_turns == 2
+    assert rec.pop("c").num_turns == 1
+
+
+def test_turns_over_the_cap_are_dropped_and_counted():
+    rec = SessionRecorder(max_turns_per_session=2)
+    rec.record("s", turn([1], [2]))
+    rec.record("s", turn([1, 2], [3]))
+    rec.record("s", turn([1, 2, 3], [4]))
+    rec.record("s", turn([1, 2, 3, 4], [5]))
+    assert rec.stats["dropped_turns"] == 2
+    out = rec.pop("s")
+    assert out.num_turns == 2 and out.dropped_turns == 2
+    assert out.segments[0].input_ids == [1, 2, 3]
+
+
+def test_many_sessions_stay_bounded():
+    rec = SessionRecorder(max_sessions=10)
+    for i in range(1000):
+        rec.record(f"s{i}", turn([1], [2]))
+    assert rec.stats["live_sessions"] == 10 and rec.evicted_sessions == 990
+    assert rec.pop("s999").num_turns == 1 and rec.pop("s0").num_turns == 0
+
+
+def test_bad_bounds_rejected():
+    with pytest.raises(ValueError, match="max_sessions"):
+        SessionRecorder(max_sessions=0)
+    with pytest.raises(ValueError, match="max_turns_per_session"):
+        SessionRecorder(max_turns_per_session=0)
