@@ -9,9 +9,11 @@ learner recomputes, whatever temperature was used for sampling (vLLM's ``logprob
 """
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -55,6 +57,13 @@ class Engine(ABC):
     @abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy weights in place by Hugging Face parameter name; returns how many tensors were loaded."""
+
+    async def load_payload(self, transport: Any, payload: Any) -> int:
+        """Load weights that arrived through ``transport`` (rlsys.weights.transport); returns the count.
+
+        Engines whose weights live in another process (vLLM's engine core) override this to forward the
+        payload (e.g. CUDA IPC handles) to that process instead of materialising tensors here."""
+        return await asyncio.to_thread(self.load_weights, transport.receive(payload))
 
     async def sleep(self, level: int = 1) -> None:
         """Free memory between rollouts: level 1 keeps weights (offloaded), level 2 drops them."""

@@ -1,0 +1,100 @@
+"""Env worker: runs the user's agent against a rollout proxy and scores it with the user's reward.
+
+An async actor (many episodes at once, `max_concurrency`), CPU only, restarted by Ray if its process dies.
+Each episode gets a session id; the proxy records the episode's turns under it, and the worker pops them
+when the agent returns, so the learner trains on the exact tokens sampled. An agent that raises or runs
+past its timeout, or a reward that raises, hangs, or returns something that is not a finite number, marks
+the trajectory failed with the reason: counted in metrics, excluded from advantages, never scored 0.
+
+Returns are `(Trajectory, TrajectorySummary)` (Ray `num_returns=2`): the driver reads the summary and hands
+the trajectory's ObjectRef to the learner untouched.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import traceback
+from typing import Any
+
+from rlsys.plugins import load_agent, load_reward
+from rlsys.types import Trajectory, TrajectorySummary
+
+SESSION_HEADER = "X-Rlsys-Session"
+
+
+class EnvWorker:
+    def __init__(self, agent_spec: str, reward_spec: str, *, agent_timeout_s: float, reward_timeout_s: float) -> None:
+        self.agent = load_agent(agent_spec)
+        self.reward, self.outcome = load_reward(reward_spec)
+        self.agent_timeout_s = agent_timeout_s
+        self.reward_timeout_s = reward_timeout_s
+        self._clients: dict[tuple[str, str], Any] = {}
+
+    def _client(self, base_url: str, token: str, session_id: str):
+        import httpx
+        import openai
+
+        # one HTTP connection pool per proxy; the session id travels as a per-request header
+        key = (base_url, token)
+        if key not in self._clients:
+            self._clients[key] = httpx.AsyncClient(timeout=httpx.Timeout(self.agent_timeout_s), trust_env=False,
+                                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        return openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0, http_client=self._clients[key],
+                                  default_headers={SESSION_HEADER: session_id})
+
+    async def run_episode(self, proxy: dict[str, Any], item: dict[str, Any], group: int, sample: int,
+                          session_id: str) -> tuple[Trajectory, TrajectorySummary]:
+        """One agent episode + reward. ``proxy`` = {"url", "token", "model", "actor"} of a rollout actor."""
+        traj = Trajectory(item_id=str(item.get("id", "")), group=group, sample=sample)
+        client = self._client(proxy["url"], proxy["token"], session_id)
+        output: Any = None
+        try:
+            output = await asyncio.wait_for(self.agent(item, client, proxy["model"]), self.agent_timeout_s)
+        except asyncio.TimeoutError:
+            _fail(traj, f"agent_timeout: no result after {self.agent_timeout_s:g} s")
+        except Exception as err:  # the user's agent raised: the reason goes into metrics and the log
+            _fail(traj, f"agent_error: {_describe(err)}")
+        record = await proxy["actor"].pop_session.remote(session_id)
+        traj.segments = record.segments
+        traj.num_turns = record.num_turns
+        traj.segment_breaks = record.segment_breaks
+        if not traj.failed:
+            await self._score(traj, item, output)
+        if not traj.failed and traj.num_turns == 0:
+            _fail(traj, "no_turns: the agent returned without calling the model through the proxy")
+        return traj, TrajectorySummary.of(traj)
+
+    async def _score(self, traj: Trajectory, item: dict[str, Any], output: Any) -> None:
+        record = {"item": item, "output": output}
+        try:
+            value = await asyncio.wait_for(asyncio.to_thread(self.reward, record), self.reward_timeout_s)
+        except asyncio.TimeoutError:
+            return _fail(traj, f"reward_timeout: no result after {self.reward_timeout_s:g} s")
+        except Exception as err:  # the user's reward raised
+            return _fail(traj, f"reward_error: {_describe(err)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return _fail(traj, f"reward_invalid: returned {type(value).__name__} {value!r:.80}, expected a float")
+        if not math.isfinite(value):
+            return _fail(traj, f"reward_invalid: returned {value}")
+        traj.reward = float(value)
+        if self.outcome is not None:
+            try:
+                traj.outcome = str(self.outcome(record))
+            except Exception as err:  # a broken labeller must not lose a valid reward
+                traj.outcome = "unlabelled"
+                traj.info["outcome_error"] = _describe(err)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _fail(traj: Trajectory, reason: str) -> None:
+    traj.failed = True
+    traj.fail_reason = reason
+
+
+def _describe(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"[:500]

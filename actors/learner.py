@@ -1,0 +1,311 @@
+"""The learner: a transformers causal LM trained with GSPO, GRPO or SFT on trajectories from the object store.
+
+A plain class (testable without Ray); jobs/ wraps it with `ray.remote`. One `train` call = one rollout
+batch = `algo.n_minibatches` optimizer steps, each over micro-batches of `learner.mini_bs` sequences with
+gradient accumulation. Departures worth knowing:
+- Sequences whose advantage is exactly 0 (zero-variance groups) contribute no gradient to GSPO/GRPO, so
+  they are not run through the model at all; the loss normaliser still counts them, so the update is the
+  same as computing them (and CPU runs get much faster once the policy is confident).
+- A non-finite loss or grad norm skips that optimizer step (counted in train/skipped_steps), never NaNs
+  the weights.
+- `train/logp_diff_mean` compares the engine's sampling logprobs with the learner's recomputation on the
+  first micro-batch before any update: the stale-weights alarm of DESIGN.md.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlsys.algos import GRPOConfig, GSPOConfig, group_advantages, grpo_loss, gspo_loss, sft_loss, token_logprobs
+from rlsys.config import Config
+from rlsys.types import Segment, Trajectory
+from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES, BucketPacker
+from rlsys.weights.transport import make_transport
+
+
+@dataclass
+class _Row:
+    """One training sequence: a segment of a trajectory and the trajectory's advantage."""
+
+    segment: Segment
+    advantage: float
+    group: int
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def make_optimizer(params: list[torch.nn.Parameter], cfg: Config, device: torch.device) -> torch.optim.Optimizer:
+    lc = cfg.learner
+    if lc.adam_8bit:
+        if device.type != "cuda":
+            raise RuntimeError("learner.adam_8bit needs CUDA (bitsandbytes' 8-bit states live on the GPU); "
+                               "drop --adam-8bit on CPU")
+        try:
+            import bitsandbytes as bnb
+        except ImportError as err:
+            raise RuntimeError(f"learner.adam_8bit: bitsandbytes is not importable ({err}); pip install 'rlsys[gpu]'") from None
+        return bnb.optim.AdamW8bit(params, lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay)
+    return torch.optim.AdamW(params, lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay,
+                             foreach=device.type == "cuda")
+
+
+def lr_lambda(cfg: Config):
+    total = max(1, cfg.max_steps * cfg.algo.n_minibatches)
+    warm, kind = cfg.learner.warmup_steps, cfg.learner.lr_schedule
+
+    def f(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if kind == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return f
+
+
+class Learner:
+    def __init__(self, cfg: Config, model_path: str, *, num_threads: int | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        torch.manual_seed(cfg.seed)
+        self.cfg = cfg
+        self.device = pick_device()
+        self.dtype = resolve_dtype(cfg.model.dtype, self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=self.dtype, trust_remote_code=cfg.model.trust_remote_code
+        ).to(self.device)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(self.params, cfg, self.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.optimizer_steps = 0
+        self._packer: BucketPacker | None = None
+        low, high = cfg.algo.clip_eps()
+        self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
+        self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
+
+    # --- training ----------------------------------------------------------------------------
+    def train(self, trajectories: Sequence[Any]) -> dict[str, float]:
+        """One rollout batch -> `n_minibatches` optimizer steps. Accepts Trajectory objects or ObjectRefs."""
+        trajs = _resolve(trajectories)
+        if self.cfg.algo.name == "sft":
+            rows = [_Row(seg, 1.0, t.group) for t in trajs if not t.failed for seg in t.segments if seg.num_sampled]
+            adv_metrics: dict[str, float] = {}
+        else:
+            rows, adv_metrics = self._policy_rows(trajs)
+        if not rows:
+            return {**adv_metrics, "train/skipped_steps": 0.0, "train/num_sequences": 0.0}
+        chunks = _split(rows, self.cfg.algo.n_minibatches)
+        logp_old = self._recompute_old_logprobs(rows) if self.cfg.algo.logp_mode == "decoupled" else None
+        totals: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        skipped = 0
+        grad_norms = []
+        for i, chunk in enumerate(chunks):
+            stats = self._minibatch(chunk, logp_old, first=i == 0)
+            gnorm = stats.pop("train/grad_norm")
+            if not math.isfinite(gnorm) or not math.isfinite(stats.get("train/loss", 0.0)):
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+            else:
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer_steps += 1
+            grad_norms.append(gnorm)
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
+                weights[k] = weights.get(k, 0.0) + 1.0
+        out = {k: totals[k] / weights[k] for k in totals}
+        out.update(adv_metrics)
+        out["train/grad_norm"] = grad_norms[-1] if len(grad_norms) == 1 else sum(grad_norms) / len(grad_norms)
+        out["train/skipped_steps"] = float(skipped)
+        out["train/lr"] = self.scheduler.get_last_lr()[0]
+        out["train/num_sequences"] = float(len(rows))
+        out["train/optimizer_steps"] = float(self.optimizer_steps)
+        return out
+
+    def _policy_rows(self, trajs: list[Trajectory]) -> tuple[list[_Row], dict[str, float]]:
+        rewards = torch.tensor([t.reward if not t.failed else 0.0 for t in trajs], dtype=torch.float32)  # (N,)
+        groups = torch.tensor([t.group for t in trajs], dtype=torch.long)  # (N,)
+        valid = torch.tensor([not t.failed and t.response_len > 0 for t in trajs], dtype=torch.bool)  # (N,)
+        adv, metrics = group_advantages(rewards, groups, valid, eps=self.cfg.algo.adv_eps)
+        rows = [
+            _Row(seg, float(adv[i]), trajs[i].group)
+            for i in range(len(trajs)) if bool(valid[i])
+            for seg in trajs[i].segments if seg.num_sampled
+        ]
+        return rows, metrics
+
+    def _minibatch(self, chunk: list[_Row], logp_old: dict[int, torch.Tensor] | None, first: bool) -> dict[str, float]:
+        """Forward/backward over micro-batches of one optimizer step; returns averaged metrics + grad norm."""
+        algo = self.cfg.algo.name
+        normalizer = float(len(chunk))
+        if algo == "grpo":  # token-mean over the whole minibatch
+            normalizer = float(sum(r.segment.num_sampled for r in chunk))
+        active = [r for r in chunk if algo == "sft" or r.advantage != 0.0]
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        loss_sum = 0.0
+        mbs = self.cfg.learner.mini_bs
+        for start in range(0, len(active), mbs):
+            micro = active[start : start + mbs]
+            batch = _collate(micro, self.pad_id, self.device)
+            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+            logits = out.logits[:, :-1].float()  # (B, T-1, V): logits[:, t] predicts input_ids[:, t+1]
+            targets = batch["input_ids"][:, 1:]  # (B, T-1)
+            mask = batch["loss_mask"][:, 1:]  # (B, T-1)
+            if algo == "sft":
+                loss, m = sft_loss(logits, targets, mask, normalizer=float(sum(r.segment.num_sampled for r in chunk)))
+            else:
+                logp_new = token_logprobs(logits, targets)  # (B, T-1)
+                rollout_lp = batch["rollout_logprobs"][:, 1:]  # (B, T-1)
+                if logp_old is None:
+                    old, tis_ref = rollout_lp, None
+                else:
+                    old = _pad_stack([logp_old[id(r)] for r in micro], self.device)[:, : targets.shape[1]]
+                    tis_ref = rollout_lp
+                adv = torch.tensor([r.advantage for r in micro], device=self.device)  # (B,)
+                loss_fn, lcfg = (gspo_loss, self._gspo) if algo == "gspo" else (grpo_loss, self._grpo)
+                loss, m = loss_fn(logp_new, old, adv, mask, lcfg, logp_rollout=tis_ref, normalizer=normalizer)
+                if first and start == 0:
+                    with torch.no_grad():
+                        diff = (rollout_lp - logp_new).abs()
+                        m["train/logp_diff_mean"] = float((diff * mask).sum() / mask.sum().clamp(min=1))
+                        m["train/logp_diff_max"] = float((diff * mask).max())
+            loss.backward()
+            # the micro-batch losses carry the minibatch normaliser: their sum is the minibatch loss
+            loss_sum += float(loss.detach())
+            for k, v in m.items():
+                if k == "train/loss" or (k.startswith("train/logp_diff") and k in sums):
+                    continue
+                weight = 1.0 if k.startswith("train/logp_diff") else len(micro)
+                sums[k] = sums.get(k, 0.0) + float(v) * weight
+                counts[k] = counts.get(k, 0.0) + weight
+        if first and algo != "sft" and not active:  # keep the stale-weights alarm even with no signal
+            sums.update(self._logp_diff(chunk[:mbs]))
+            counts.update({k: 1.0 for k in ("train/logp_diff_mean", "train/logp_diff_max")})
+        stats = {k: v / counts[k] for k, v in sums.items()}
+        stats["train/loss"] = loss_sum
+        stats["train/active_frac"] = len(active) / len(chunk)
+        stats["train/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.learner.max_grad_norm))
+        return stats
+
+    @torch.no_grad()
+    def _logp_diff(self, micro: list[_Row]) -> dict[str, float]:
+        """|engine sampling logprob - learner logprob| over the sampled tokens of ``micro``."""
+        batch = _collate(micro, self.pad_id, self.device)
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        lp = token_logprobs(logits[:, :-1].float(), batch["input_ids"][:, 1:])  # (B, T-1)
+        mask = batch["loss_mask"][:, 1:]
+        diff = (batch["rollout_logprobs"][:, 1:] - lp).abs() * mask
+        return {"train/logp_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)), "train/logp_diff_max": float(diff.max())}
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(self, rows: list[_Row]) -> dict[int, torch.Tensor]:
+        self.model.eval()
+        out = {}
+        for start in range(0, len(rows), self.cfg.learner.mini_bs):
+            micro = rows[start : start + self.cfg.learner.mini_bs]
+            batch = _collate(micro, self.pad_id, self.device)
+            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+            lp = token_logprobs(logits[:, :-1].float(), batch["input_ids"][:, 1:])  # (B, T-1)
+            for r, row_lp in zip(micro, lp):
+                out[id(r)] = row_lp
+        self.model.train()
+        return out
+
+    # --- weights out ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def export_weights(self, transport: str = "object_store", bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Any:
+        """Parameters packed into reusable buckets (allocated on the first call, refilled afterwards),
+        turned into the transport's payload."""
+        named = list(self.model.named_parameters())
+        if self._packer is None:
+            self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device)
+        return make_transport(transport).export(self._packer.pack(named))
+
+    def num_parameters(self) -> int:
+        """How many tensors a push carries (tied weights once)."""
+        return sum(1 for _ in self.model.named_parameters())
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+        """Raw logprobs (C,) of a continuation under the current weights (the canary's reference)."""
+        self.model.eval()
+        ids = torch.tensor([prompt_ids + continuation_ids], device=self.device)
+        logits = self.model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+        lp = token_logprobs(logits, ids[:, 1:])[0, len(prompt_ids) - 1 :]
+        self.model.train()
+        return lp.tolist()
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()}
+
+    def save_pretrained(self, path: str | Path) -> None:
+        self.model.save_pretrained(path)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+# --- batching helpers --------------------------------------------------------------------------
+def _resolve(items: Sequence[Any]) -> list[Trajectory]:
+    if items and not isinstance(items[0], Trajectory):
+        import ray  # only on the Ray path: ObjectRefs from the env workers
+
+        items = ray.get(list(items))
+    return list(items)
+
+
+def _split(rows: list[_Row], n: int) -> list[list[_Row]]:
+    size = math.ceil(len(rows) / n)
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def _collate(rows: list[_Row], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded (B, T) tensors of ids, attention mask, loss mask and rollout logprobs."""
+    T = max(len(r.segment.input_ids) for r in rows)
+    B = len(rows)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    lp = torch.zeros((B, T), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        n = len(r.segment.input_ids)
+        ids[i, :n] = torch.tensor(r.segment.input_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(r.segment.loss_mask, dtype=torch.float32)
+        lp[i, :n] = torch.tensor(r.segment.rollout_logprobs, dtype=torch.float32)
+    return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "loss_mask": mask.to(device),
+            "rollout_logprobs": lp.to(device)}
+
+
+def _pad_stack(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    T = max(r.shape[0] for r in rows)
+    out = torch.zeros((len(rows), T), device=device)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out

@@ -1,0 +1,271 @@
+"""The job's Ray side: start (or join) Ray, place the actors, and the phase calls the driver loop makes.
+
+Placement (DESIGN.md): with GPUs, one placement group with a `{"GPU": 1, "CPU": k}` bundle per GPU and the
+rollout actor and learner sharing it with fractional `num_gpus`; without GPUs the same actors with
+`num_gpus=0`. Actors are named (`rollout-0`, `learner-0`, `env-<i>`) in a per-job namespace, so the
+dashboard's Actors page and `ray list actors` show what is what.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from jobs.placement import place_actors
+from rlsys.config import Config, dump_config
+from rlsys.data import ItemStream, read_jsonl
+from rlsys.models.resolve import resolve_model
+from rlsys.plugins import load_agent, load_reward
+from rlsys.types import Trajectory, TrajectorySummary
+
+
+def init_ray(cfg: Config, namespace: str) -> bool:
+    """Join the cluster at `cluster.address` / RAY_ADDRESS, or start an embedded one; True if we own it."""
+    if ray.is_initialized():
+        return False
+    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        # under `ray job submit` the job's working_dir carries actors/ and jobs/ to every worker
+        ray.init(address=address, namespace=namespace, log_to_driver=True)
+        return False
+    pythonpath = os.pathsep.join(filter(None, [str(_repo_root()), os.environ.get("PYTHONPATH")]))
+    ray.init(address="local", namespace=namespace, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}},
+             log_to_driver=True)
+    return True
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def job_namespace(cfg: Config) -> str:
+    if cfg.cluster.namespace:
+        return cfg.cluster.namespace
+    return "rlsys-" + re.sub(r"[^A-Za-z0-9_.-]", "-", Path(cfg.run_dir).name)
+
+
+def load_items(cfg: Config) -> list[dict[str, Any]]:
+    if cfg.data.dataset_path:
+        return read_jsonl(cfg.data.dataset_path)
+    from rlsys.envs.tictactoe.dataset import make_dataset
+
+    return make_dataset(cfg.data.num_items, cfg.data.seed)
+
+
+class EngineGroup:
+    """The rollout actors as one: sleep/wake all of them."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+
+    def sleep(self, level: int) -> None:
+        ray.get([a.sleep.remote(level) for a in self.actors])
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        ray.get([a.wake.remote(tags) for a in self.actors])
+
+
+@dataclass
+class WeightSync:
+    """Learner -> engines, behind one call (`push`), then the canary (`check_canary`)."""
+
+    learner: Any
+    engines: list[Any]
+    transport: str
+    bucket_bytes: int
+    expected_count: int
+    canary_prompt: list[int]
+    canary_continuation: list[int]
+    canary_tol: float
+    canary_enabled: bool = True
+
+    def push(self) -> dict[str, float]:
+        payload = self.learner.export_weights.remote(self.transport, self.bucket_bytes)
+        counts = ray.get([e.load_weights.remote(payload) for e in self.engines])
+        for i, count in enumerate(counts):
+            if count != self.expected_count:
+                raise RuntimeError(f"weight push: engine {i} loaded {count} tensors, the learner sent "
+                                   f"{self.expected_count}; refusing to roll out with partly stale weights")
+        return {"sync/tensors": float(self.expected_count)}
+
+    def check_canary(self) -> dict[str, float]:
+        if not self.canary_enabled:
+            return {}
+        ref = ray.get(self.learner.score.remote(self.canary_prompt, self.canary_continuation))
+        worst = 0.0
+        for i, lp in enumerate(ray.get([e.score.remote(self.canary_prompt, self.canary_continuation) for e in self.engines])):
+            diff = sum(abs(a - b) for a, b in zip(lp, ref)) / max(len(ref), 1)
+            if not diff <= self.canary_tol:
+                raise RuntimeError(
+                    f"stale-weights canary: engine {i} logprobs differ from the learner's by {diff:.3g} "
+                    f"(mean over {len(ref)} tokens; tolerance {self.canary_tol:g}): the weight push was "
+                    "skipped or corrupted"
+                )
+            worst = max(worst, diff)
+        return {"sync/canary_logp_diff": worst}
+
+
+@dataclass
+class Job:
+    cfg: Config
+    namespace: str
+    owns_ray: bool
+    learner: Any
+    rollouts: list[Any]
+    proxies: list[dict[str, Any]]
+    env_workers: list[Any]
+    engines: EngineGroup
+    weights: WeightSync
+    data: ItemStream
+    outcome_labels: tuple[str, ...] = ()
+    start_step: int = 0
+    _saved: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, cfg: Config) -> "Job":
+        # refuse bad plug-ins and data before any actor starts
+        load_agent(cfg.env.agent_fn)
+        load_reward(cfg.env.reward_fn_path)
+        items = load_items(cfg)
+        model_path = resolve_model(cfg.model.ckpt)
+        namespace = job_namespace(cfg)
+        owns_ray = init_ray(cfg, namespace)
+        placed = place_actors(cfg, model_path)
+        learner = placed.learner
+        infos = ray.get([r.start.remote() for r in placed.rollouts])
+        proxies = [{**info, "actor": r} for info, r in zip(infos, placed.rollouts)]
+        prompt, continuation = canary_sequence(model_path)
+        num_params = ray.get(learner.num_parameters.remote())
+        weights = WeightSync(
+            learner=learner, engines=placed.rollouts, transport=placed.transport,
+            bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
+            canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
+            canary_enabled=cfg.sync.canary,
+        )
+        env_workers = placed.env_workers
+        data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)
+        _, outcome_fn = load_reward(cfg.env.reward_fn_path)
+        labels = tuple(getattr(__import__(outcome_fn.__module__, fromlist=["OUTCOMES"]), "OUTCOMES", ())) if outcome_fn else ()
+        job = cls(cfg=cfg, namespace=namespace, owns_ray=owns_ray, learner=learner, rollouts=placed.rollouts,
+                  proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
+                  data=data, outcome_labels=labels)
+        job.weights.check_canary()  # engine and learner start from the same weights
+        return job
+
+    # --- phases ----------------------------------------------------------------------------
+    def rollout(self, items: list[dict[str, Any]], step: int) -> tuple[list[Any], list[TrajectorySummary]]:
+        """Every (item, sample) episode on the env workers; returns trajectory refs and their summaries."""
+        n = self.cfg.rollout.n_samples
+        traj_refs, summary_refs, keys = [], [], []
+        k = 0
+        for g, item in enumerate(items):
+            for s in range(n):
+                worker = self.env_workers[k % len(self.env_workers)]
+                proxy = self.proxies[k % len(self.proxies)]
+                session = f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"
+                t_ref, s_ref = worker.run_episode.options(num_returns=2).remote(proxy, item, g, s, session)
+                traj_refs.append(t_ref)
+                summary_refs.append(s_ref)
+                keys.append((item, g, s))
+                k += 1
+        summaries = self._gather(summary_refs)
+        for i, s in enumerate(summaries):
+            if s is None:  # the worker died twice: a failed trajectory the learner will skip
+                item, g, smp = keys[i]
+                t = Trajectory(item_id=str(item.get("id", "")), group=g, sample=smp, failed=True,
+                               fail_reason="worker_died: env worker process died during the episode (retried once)")
+                traj_refs[i] = ray.put(t)
+                summaries[i] = TrajectorySummary.of(t)
+        return traj_refs, summaries
+
+    def _gather(self, refs: list[Any]) -> list[TrajectorySummary | None]:
+        from tqdm import tqdm
+
+        out: list[TrajectorySummary | None] = [None] * len(refs)
+        index = {r: i for i, r in enumerate(refs)}
+        pending = list(refs)
+        with tqdm(total=len(refs), desc="rollout", leave=False, disable=not self.cfg.logging.progress,
+                  file=__import__("sys").stderr) as bar:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=None)
+                for r in done:
+                    try:
+                        out[index[r]] = ray.get(r)
+                    except ray.exceptions.RayActorError:
+                        out[index[r]] = None
+                    bar.update(1)
+        return out
+
+    def train(self, traj_refs: list[Any], summaries: list[TrajectorySummary]) -> dict[str, float]:
+        failed = sum(s.failed for s in summaries) / max(len(summaries), 1)
+        if failed > self.cfg.env.max_failed_frac:
+            print(f"rlsys: WARNING step skipped: {failed:.0%} of trajectories failed "
+                  f"(env.max_failed_frac={self.cfg.env.max_failed_frac})", flush=True)
+            return {"train/skipped_batch": 1.0}
+        return {**ray.get(self.learner.train.remote(traj_refs)), "train/skipped_batch": 0.0}
+
+    # --- checkpoints (weights; the full resumable state arrives with the reliability work) --
+    def maybe_checkpoint(self, step: int) -> None:
+        every = self.cfg.checkpoint.save_interval
+        if every and step % every == 0 and step < self.cfg.max_steps:
+            self.checkpoint(step)
+
+    def checkpoint(self, step: int, final: bool = False) -> Path:
+        root = self.cfg.checkpoint_dir()
+        final_dir = root / f"step_{step:06d}"
+        tmp = root / f".tmp-step_{step:06d}-{secrets.token_hex(4)}"
+        tmp.mkdir(parents=True)
+        ray.get(self.learner.save_pretrained.remote(str(tmp)))
+        dump_config(self.cfg, tmp / "config.resolved.toml")
+        if final_dir.exists():
+            shutil.rmtree(final_dir)
+        os.replace(tmp, final_dir)
+        (root / "latest.tmp").write_text(final_dir.name + "\n")
+        os.replace(root / "latest.tmp", root / "latest")
+        self._saved.append(final_dir)
+        for old in self._saved[: -self.cfg.checkpoint.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._saved = self._saved[-self.cfg.checkpoint.keep :]
+        if final:
+            print(f"rlsys: checkpoint {final_dir}", flush=True)
+        return final_dir
+
+    def shutdown(self) -> None:
+        for actor in self.rollouts:
+            try:
+                ray.get(actor.shutdown.remote(), timeout=10)
+            except Exception as err:  # shutting down anyway; say why it was not clean
+                print(f"rlsys: rollout shutdown: {type(err).__name__}: {err}", flush=True)
+        for actor in [self.learner, *self.rollouts, *self.env_workers]:
+            ray.kill(actor, no_restart=True)
+
+
+def canary_sequence(model_path: str) -> tuple[list[int], list[int]]:
+    """A fixed chat (prompt ids, answer ids) whose logprobs engine and learner must agree on."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    messages = [{"role": "system", "content": "You play tic-tac-toe as X."},
+                {"role": "user", "content": "X|2|O\n4|X|6\n7|8|O\nYour move."}]
+    answer = '<tool_call>\n{"name": "choose_square", "arguments": {"square": 9}}\n</tool_call>'
+    prompt = _ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    full = _ids(tok.apply_chat_template(messages + [{"role": "assistant", "content": answer}], tokenize=True))
+    if full[: len(prompt)] != prompt:  # templates that rewrite history: fall back to plain encoding
+        full = prompt + tok.encode(answer, add_special_tokens=False)
+    continuation = full[len(prompt) :][:32]
+    if not continuation:
+        raise RuntimeError(f"canary: the chat template of {model_path} rendered an empty answer")
+    return prompt, continuation
+
+
+def _ids(rendered: Any) -> list[int]:
+    if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
+        rendered = rendered["input_ids"]
+    return [int(i) for i in rendered]

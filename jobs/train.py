@@ -1,0 +1,81 @@
+"""The training driver: `python -m jobs.train --config FILE` (what `ray job submit` runs) or `rlsys train`.
+
+The loop reads like the algorithm (DESIGN.md): rollout, sleep, train, push weights, wake, log. Everything
+else lives in functions below it or in jobs/cluster.py. The driver passes ObjectRefs and never pulls
+trajectories into its own process: it sees per-trajectory summaries (scalars) only.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rlsys.config import Config, ConfigError, add_config_args, config_from_args, dump_config
+from rlsys.metrics import MetricsLogger, Timer, console_line, rollout_metrics
+
+
+def run_training(cfg: Config) -> Path:
+    """Run the job described by ``cfg``; returns the run directory."""
+    import ray
+
+    from jobs.cluster import Job
+
+    run_dir = prepare_run_dir(cfg)
+    job = Job.start(cfg)
+    logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None)
+    timer = Timer()
+    print(f"rlsys: run directory {run_dir.resolve()} (namespace {job.namespace})", flush=True)
+    try:
+        for step in range(job.start_step, cfg.max_steps):
+            t0 = time.perf_counter()
+            items = job.data.next_batch(cfg.rollout.batch_size)
+            with timer("rollout"):
+                traj_refs, summaries = job.rollout(items, step)
+            with timer("sleep"):
+                job.engines.sleep(level=2 if cfg.rollout.drop_rollout_state else 1)
+            with timer("train"):
+                stats = job.train(traj_refs, summaries)
+            with timer("sync"):
+                sync = job.weights.push()
+            with timer("wake"):
+                job.engines.wake()
+            with timer("canary"):
+                canary = job.weights.check_canary()
+            m = {**rollout_metrics(summaries, job.outcome_labels), **stats, **sync, **canary, **timer.pop()}
+            m["time/step"] = time.perf_counter() - t0
+            m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(m["time/rollout"], 1e-9)
+            logger.log(step, m)
+            print(console_line(step, cfg.max_steps, m), flush=True)
+            job.maybe_checkpoint(step + 1)
+        job.checkpoint(cfg.max_steps, final=True)
+    finally:
+        logger.close()
+        job.shutdown()
+        if ray.is_initialized() and job.owns_ray:
+            ray.shutdown()
+    return run_dir
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.resolved.toml")
+    return run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.splitlines()[0])
+    add_config_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as err:
+        print(f"rlsys: {err}", file=sys.stderr)
+        return 2
+    run_training(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

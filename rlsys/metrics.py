@@ -1,0 +1,128 @@
+"""Per-step metrics: computed from trajectory summaries, learner stats and phase timings, written to
+`<run_dir>/metrics.jsonl` (one object per step) and TensorBoard under the same names.
+
+Names follow AReno's where they exist: rollout/rewards_mean, rollout/response_len_mean, time/rollout...
+The error table is `error/<outcome>` (fractions of the batch, failed trajectories included under
+`error/<failure kind>`), so a broken episode is counted, never disguised as a 0 reward.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rlsys.types import TrajectorySummary
+
+
+class Timer:
+    """`with timer("rollout"):` accumulates seconds under `time/rollout` (SkyRL's Timer, trimmed)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[f"time/{name}"] = self.seconds.get(f"time/{name}", 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out
+
+
+def failure_kind(reason: str) -> str:
+    """`"agent_timeout: after 60 s"` -> `"agent_timeout"`."""
+    return reason.split(":", 1)[0].strip() or "unknown"
+
+
+def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iterable[str] = ()) -> dict[str, float]:
+    """Reward, length and error-table fractions of one rollout batch.
+
+    ``outcome_labels`` are always reported (as 0.0 when absent) so TensorBoard curves do not start late.
+    """
+    summaries = list(summaries)
+    n = len(summaries)
+    valid = [s for s in summaries if not s.failed]
+    out: dict[str, float] = {
+        "rollout/num_trajectories": float(n),
+        "rollout/failed_frac": (n - len(valid)) / n if n else 0.0,
+    }
+    if valid:
+        rewards = [s.reward for s in valid]
+        mean = sum(rewards) / len(rewards)
+        out["rollout/rewards_mean"] = mean
+        out["rollout/rewards_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        out["rollout/rewards_max"] = max(rewards)
+        out["rollout/rewards_min"] = min(rewards)
+        out["rollout/response_len_mean"] = sum(s.response_len for s in valid) / len(valid)
+        out["rollout/num_turns_mean"] = sum(s.num_turns for s in valid) / len(valid)
+        out["rollout/segment_breaks"] = float(sum(s.segment_breaks for s in valid))
+    counts = Counter(failure_kind(s.fail_reason) if s.failed else (s.outcome or "unlabelled") for s in summaries)
+    for label in outcome_labels:
+        counts.setdefault(label, 0)
+    for label, count in sorted(counts.items()):
+        out[f"error/{label}"] = count / n if n else 0.0
+    return out
+
+
+class MetricsLogger:
+    """metrics.jsonl + TensorBoard. Values that are not finite numbers are kept in JSON as strings."""
+
+    def __init__(self, run_dir: str | Path, tb_dir: str | Path | None) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._tb = None
+        if tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(tb_dir))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def console_line(step: int, max_steps: int, m: dict[str, Any]) -> str:
+    """One line per step: what a person watching the job wants to see."""
+    def g(key: str, fmt: str = "{:.3f}") -> str:
+        v = m.get(key)
+        return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+    return (
+        f"step {step + 1}/{max_steps}  reward {g('rollout/rewards_mean')}  len {g('rollout/response_len_mean', '{:.1f}')}"
+        f"  failed {g('rollout/failed_frac', '{:.2f}')}  loss {g('train/loss', '{:.4f}')}"
+        f"  |dlogp| {g('train/logp_diff_mean', '{:.2e}')}  gnorm {g('train/grad_norm', '{:.2f}')}"
+        f"  {g('time/step', '{:.1f}')}s (rollout {g('time/rollout', '{:.1f}')}, train {g('time/train', '{:.1f}')},"
+        f" sync {g('time/sync', '{:.2f}')})  {g('perf/tokens_per_s', '{:.0f}')} tok/s"
+    )

@@ -1,0 +1,33 @@
+"""Turn `model.ckpt` into something `from_pretrained` (and vLLM) can load.
+
+- `rlsys:tiny`: the embedded tiny model, built once and cached (rlsys/models/tiny.py);
+- a local folder with config.json: used as is;
+- anything else that is not a local path: a Hugging Face hub id, left to transformers (needs network).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ModelSpecError(ValueError):
+    """`model.ckpt` names nothing loadable; the message says what was looked for."""
+
+
+def resolve_model(ckpt: str) -> str:
+    if ckpt.startswith("rlsys:"):
+        name = ckpt.split(":", 1)[1]
+        if name != "tiny":
+            raise ModelSpecError(f"model.ckpt {ckpt!r}: the only built-in model is rlsys:tiny")
+        from rlsys.models.tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model())
+    path = Path(ckpt).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSpecError(f"model.ckpt {ckpt!r}: folder has no config.json (not a Hugging Face model folder)")
+        return str(path.resolve())
+    if path.suffix == ".gguf":
+        raise ModelSpecError(f"model.ckpt {ckpt!r}: .gguf files are not supported yet")
+    if path.exists() or ckpt.startswith((".", "/", "~")) or ckpt.count("/") > 1:
+        raise ModelSpecError(f"model.ckpt {ckpt!r}: not found (expected a model folder, a .gguf file or a hub id)")
+    return ckpt  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
