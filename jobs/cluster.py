@@ -68,8 +68,9 @@ class EngineGroup:
     def sleep(self, level: int) -> None:
         ray.get([a.sleep.remote(level) for a in self.actors])
 
-    def wake(self, tags: list[str] | None = None) -> None:
-        ray.get([a.wake.remote(tags) for a in self.actors])
+    def wake(self) -> None:
+        """After the push: KV cache back, prefix cache reset (it was computed with the old weights)."""
+        ray.get([a.wake.remote(["kv_cache"]) for a in self.actors])
 
 
 @dataclass
@@ -87,6 +88,8 @@ class WeightSync:
     canary_enabled: bool = True
 
     def push(self) -> dict[str, float]:
+        """Wake the engines' weights (not their KV cache), load the learner's weights, check the count."""
+        ray.get([e.wake.remote(["weights"]) for e in self.engines])
         payload = self.learner.export_weights.remote(self.transport, self.bucket_bytes)
         counts = ray.get([e.load_weights.remote(payload) for e in self.engines])
         for i, count in enumerate(counts):
