@@ -55,6 +55,7 @@ class EnvWorker:
             _fail(traj, f"agent_timeout: no result after {self.agent_timeout_s:g} s")
         except Exception as err:  # the user's agent raised: the reason goes into metrics and the log
             _fail(traj, f"agent_error: {_describe(err)}")
+        traj.info["output"] = output  # what the reward saw: kept for eval tables and debugging
         record = await proxy["actor"].pop_session.remote(session_id)
         traj.segments = record.segments
         traj.num_turns = record.num_turns

@@ -118,6 +118,7 @@ class Learner:
         if not rows:
             return {**adv_metrics, "train/skipped_steps": 0.0, "train/num_sequences": 0.0}
         chunks = _split(rows, self.cfg.algo.n_minibatches)
+        self._last_trained: list[Segment] = []
         logp_old = self._recompute_old_logprobs(rows) if self.cfg.algo.logp_mode == "decoupled" else None
         totals: dict[str, float] = {}
         weights: dict[str, float] = {}
@@ -166,6 +167,7 @@ class Learner:
         if algo == "grpo":  # token-mean over the whole minibatch
             normalizer = float(sum(r.segment.num_sampled for r in chunk))
         active = [r for r in chunk if algo == "sft" or r.advantage != 0.0]
+        self._last_trained += [r.segment for r in active]
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
         loss_sum = 0.0
@@ -208,6 +210,10 @@ class Learner:
             sums.update(self._logp_diff(chunk[:mbs]))
             counts.update({k: 1.0 for k in ("train/logp_diff_mean", "train/logp_diff_max")})
         stats = {k: v / counts[k] for k, v in sums.items()}
+        if algo != "sft":  # no sequence with a signal: nothing moved, nothing was clipped
+            for key, idle in (("train/ratio_mean", 1.0), ("train/ratio_std", 0.0), ("train/clip_frac", 0.0),
+                              ("train/clip_frac_low", 0.0), ("train/clip_frac_high", 0.0)):
+                stats.setdefault(key, idle)
         stats["train/loss"] = loss_sum
         stats["train/active_frac"] = len(active) / len(chunk)
         stats["train/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.learner.max_grad_norm))
@@ -245,7 +251,17 @@ class Learner:
         named = list(self.model.named_parameters())
         if self._packer is None:
             self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device)
-        return make_transport(transport).export(self._packer.pack(named))
+        # one transport object per name for the learner's lifetime: cuda_ipc makes each buffer's handle once
+        transports = self.__dict__.setdefault("_transports", {})
+        if transport not in transports:
+            transports[transport] = make_transport(transport)
+        return transports[transport].export(self._packer.pack(named))
+
+    def ipc_collect(self) -> None:
+        """After the engines answered a push: free CUDA memory the engines no longer map (a no-op while the
+        packer's buffers, which are reused every push, stay alive)."""
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()
 
     def num_parameters(self) -> int:
         """How many tensors a push carries (tied weights once)."""
@@ -260,6 +276,10 @@ class Learner:
         lp = token_logprobs(logits, ids[:, 1:])[0, len(prompt_ids) - 1 :]
         self.model.train()
         return lp.tolist()
+
+    def last_trained(self) -> list[Segment]:
+        """The segments the last `train` call ran through the model (tests check them token for token)."""
+        return list(getattr(self, "_last_trained", []))
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()}

@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,8 +155,8 @@ class Job:
         )
         env_workers = placed.env_workers
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)
-        _, outcome_fn = load_reward(cfg.env.reward_fn_path)
-        labels = tuple(getattr(__import__(outcome_fn.__module__, fromlist=["OUTCOMES"]), "OUTCOMES", ())) if outcome_fn else ()
+        reward_fn, _ = load_reward(cfg.env.reward_fn_path)
+        labels = tuple(getattr(sys.modules[reward_fn.__module__], "OUTCOMES", ()))
         job = cls(cfg=cfg, namespace=namespace, owns_ray=owns_ray, learner=learner, rollouts=placed.rollouts,
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
                   data=data, outcome_labels=labels)
@@ -195,7 +196,7 @@ class Job:
         index = {r: i for i, r in enumerate(refs)}
         pending = list(refs)
         with tqdm(total=len(refs), desc="rollout", leave=False, disable=not self.cfg.logging.progress,
-                  file=__import__("sys").stderr) as bar:
+                  file=sys.stderr) as bar:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1, timeout=None)
                 for r in done:

@@ -30,6 +30,9 @@ from rlsys.envs.tictactoe.dataset import validate_item
 from rlsys.envs.tictactoe.prompt import TOOL_NAME
 from rlsys.proxy.toolcalls import parse_tool_calls
 
+# the error-table labels, always logged (as 0.0 when absent) so every curve starts at step 0
+OUTCOMES = game.OUTCOMES
+
 MALFORMED_REWARD = -1.0
 
 

@@ -1,0 +1,86 @@
+"""`ray job submit` of the training driver to a `ray start --head` cluster that this test starts.
+
+The head runs with `--block` in its own process group, so the test stops exactly the cluster it started
+(a plain `ray stop` would also kill any other local Ray on the machine). Token auth is on (Ray 2.60's
+default for local clusters), with the same RAY_AUTH_MODE for the head and the `ray job` client.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.loop.conftest import REPO
+
+pytestmark = pytest.mark.timeout(420)
+RAY = Path(sys.executable).parent / "ray"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head():
+    if not RAY.exists():
+        pytest.skip(f"no ray CLI next to {sys.executable}")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    gcs_port, dash_port = _free_port(), _free_port()
+    head = subprocess.Popen(
+        [str(RAY), "start", "--head", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
+         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
+         "--num-cpus=2", "--disable-usage-stats"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dash_port}"
+    deadline = time.monotonic() + 90
+    while True:
+        probe = subprocess.run([str(RAY), "job", "list", "--address", address], env=env, capture_output=True, text=True)
+        if probe.returncode == 0:
+            break
+        if head.poll() is not None or time.monotonic() > deadline:
+            head.kill()
+            pytest.fail(f"ray head did not come up:\n{head.stdout.read() if head.stdout else ''}\n{probe.stderr}")
+        time.sleep(2)
+    yield address, env
+    os.killpg(head.pid, signal.SIGTERM)
+    try:
+        head.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+
+
+def test_ray_job_submit_runs_the_driver_to_success(ray_head, tmp_path):
+    address, env = ray_head
+    run_dir = tmp_path / "run"
+    submit = subprocess.run(
+        [str(RAY), "job", "submit", "--address", address, "--no-wait", "--working-dir", str(REPO),
+         "--submission-id", f"rlsys-test-{os.getpid()}", "--",
+         sys.executable, "-m", "jobs.train", "--config", "configs/tictactoe-tiny-cpu.toml", "--max-steps", "1",
+         "--run-dir", str(run_dir), "logging.progress=false"],
+        env=env, capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = f"rlsys-test-{os.getpid()}"
+    deadline = time.monotonic() + 300
+    status = ""
+    while time.monotonic() < deadline:
+        status = subprocess.run([str(RAY), "job", "status", "--address", address, job_id],
+                                env=env, capture_output=True, text=True).stdout.lower()
+        if any(f"job '{job_id}' {s}" in status for s in ("succeeded", "failed", "stopped")):
+            break
+        time.sleep(2)
+    logs = subprocess.run([str(RAY), "job", "logs", "--address", address, job_id],
+                          env=env, capture_output=True, text=True).stdout
+    assert f"job '{job_id}' succeeded" in status, f"{status}\n--- job logs ---\n{logs}"
+    assert "step 1/1" in logs
+    assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "checkpoints" / "latest").is_file()
