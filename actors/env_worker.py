@@ -30,6 +30,7 @@ class EnvWorker:
         self.agent_timeout_s = agent_timeout_s
         self.reward_timeout_s = reward_timeout_s
         self._clients: dict[tuple[str, str], Any] = {}
+        self._tokenizers: dict[str, Any] = {}
 
     def _client(self, base_url: str, token: str, session_id: str):
         import httpx
@@ -85,6 +86,22 @@ class EnvWorker:
             except Exception as err:  # a broken labeller must not lose a valid reward
                 traj.outcome = "unlabelled"
                 traj.info["outcome_error"] = _describe(err)
+
+    def sft_example(self, item: dict[str, Any], group: int, sample: int, model_path: str
+                    ) -> tuple[Trajectory, TrajectorySummary]:
+        """An SFT chat rendered by the model's chat template: the "episode" of `--algo sft`."""
+        from rlsys.sft import render_chat
+
+        if model_path not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            self._tokenizers[model_path] = AutoTokenizer.from_pretrained(model_path)
+        traj = Trajectory(item_id=str(item.get("id", "")), group=group, sample=sample, outcome="sft", num_turns=1)
+        try:
+            traj.segments = [render_chat(self._tokenizers[model_path], item.get("messages"), item.get("tools"))]
+        except Exception as err:  # a malformed chat fails alone, with its reason
+            _fail(traj, f"sft_item_error: item {traj.item_id!r}: {_describe(err)}")
+        return traj, TrajectorySummary.of(traj)
 
     def pid(self) -> int:
         return os.getpid()

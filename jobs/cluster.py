@@ -20,6 +20,7 @@ import ray
 
 from jobs.placement import place_actors
 from rlsys.config import Config, dump_config
+from rlsys.metrics import rollout_metrics
 from rlsys.data import ItemStream, read_jsonl
 from rlsys.models.resolve import resolve_model
 from rlsys.plugins import load_agent, load_reward
@@ -53,11 +54,29 @@ def job_namespace(cfg: Config) -> str:
 
 
 def load_items(cfg: Config) -> list[dict[str, Any]]:
+    """Training items: the dataset file, or the generated tic-tac-toe boards (format-only chats for SFT)."""
     if cfg.data.dataset_path:
         return read_jsonl(cfg.data.dataset_path)
     from rlsys.envs.tictactoe.dataset import make_dataset
 
-    return make_dataset(cfg.data.num_items, cfg.data.seed)
+    boards = make_dataset(cfg.data.num_items, cfg.data.seed)
+    if cfg.algo.name == "sft":
+        from rlsys.envs.tictactoe.sft_data import make_sft_dataset
+
+        return make_sft_dataset(boards, cfg.data.num_items, cfg.data.seed)
+    return boards
+
+
+def load_eval_items(cfg: Config) -> list[dict[str, Any]]:
+    """Held-out items: the eval file, or generated tic-tac-toe boards disjoint from the training boards."""
+    if cfg.data.eval_path:
+        return read_jsonl(cfg.data.eval_path)
+    if cfg.data.dataset_path and cfg.algo.name != "sft":
+        raise ValueError("data.eval_path: evaluation of a custom dataset needs its own held-out file")
+    from rlsys.envs.tictactoe.dataset import make_dataset
+
+    train_boards = [item["board"] for item in make_dataset(cfg.data.num_items, cfg.data.seed)]
+    return make_dataset(cfg.data.num_eval_items, cfg.data.seed + 1, exclude=train_boards)
 
 
 class EngineGroup:
@@ -128,7 +147,10 @@ class Job:
     engines: EngineGroup
     weights: WeightSync
     data: ItemStream
+    model_path: str
+    eval_items: list[dict[str, Any]]
     outcome_labels: tuple[str, ...] = ()
+    reward_module: str = ""
     start_step: int = 0
     _saved: list[Path] = field(default_factory=list)
 
@@ -138,6 +160,7 @@ class Job:
         load_agent(cfg.env.agent_fn)
         load_reward(cfg.env.reward_fn_path)
         items = load_items(cfg)
+        eval_items = load_eval_items(cfg) if (cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every) else []
         model_path = resolve_model(cfg.model.ckpt)
         namespace = job_namespace(cfg)
         owns_ray = init_ray(cfg, namespace)
@@ -157,24 +180,52 @@ class Job:
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)
         reward_fn, _ = load_reward(cfg.env.reward_fn_path)
         labels = tuple(getattr(sys.modules[reward_fn.__module__], "OUTCOMES", ()))
+        wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
         job = cls(cfg=cfg, namespace=namespace, owns_ray=owns_ray, learner=learner, rollouts=placed.rollouts,
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
-                  data=data, outcome_labels=labels)
+                  data=data, model_path=model_path, eval_items=eval_items if wants_eval else [],
+                  outcome_labels=labels, reward_module=reward_fn.__module__)
         job.weights.check_canary()  # engine and learner start from the same weights
         return job
 
     # --- phases ----------------------------------------------------------------------------
     def rollout(self, items: list[dict[str, Any]], step: int) -> tuple[list[Any], list[TrajectorySummary]]:
-        """Every (item, sample) episode on the env workers; returns trajectory refs and their summaries."""
-        n = self.cfg.rollout.n_samples
+        """Every (item, sample) episode on the env workers; returns trajectory refs and their summaries.
+
+        For `--algo sft` an episode is an SFT chat rendered by the model's template, not an agent run."""
+        if self.cfg.algo.name == "sft":
+            return self._episodes(items, 1, lambda w, p, item, g, s: w.sft_example.options(num_returns=2).remote(
+                item, g, s, self.model_path))
+        return self._episodes(items, self.cfg.rollout.n_samples, lambda w, p, item, g, s: w.run_episode.options(
+            num_returns=2).remote(p, item, g, s, f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"))
+
+    def evaluate(self, tag: str) -> dict[str, float]:
+        """Held-out episodes at `eval.temperature` (greedy by default); metrics under `eval/`."""
+        if not self.eval_items:
+            return {}
+        ray.get([r.set_temperature.remote(self.cfg.eval.temperature) for r in self.rollouts])
+        try:
+            refs, summaries = self._episodes(self.eval_items, self.cfg.eval.n_samples, lambda w, p, item, g, s:
+                                              w.run_episode.options(num_returns=2).remote(
+                                                  p, item, g, s, f"eval-{tag}-item{g}-sample{s}"))
+        finally:
+            ray.get([r.set_temperature.remote(None) for r in self.rollouts])
+        del refs  # the driver keeps only the summaries
+        metrics = {f"eval/{k.split('/', 1)[1] if k.startswith('rollout/') else k}": v
+                   for k, v in rollout_metrics(summaries, self.outcome_labels).items()}
+        summarize = getattr(sys.modules.get(self.reward_module, None), "summarize", None)
+        if summarize is not None:
+            metrics.update({f"eval/{k}": v for k, v in summarize([s.outcome for s in summaries]).items()})
+        return metrics
+
+    def _episodes(self, items: list[dict[str, Any]], n: int, submit) -> tuple[list[Any], list[TrajectorySummary]]:
         traj_refs, summary_refs, keys = [], [], []
         k = 0
         for g, item in enumerate(items):
             for s in range(n):
                 worker = self.env_workers[k % len(self.env_workers)]
                 proxy = self.proxies[k % len(self.proxies)]
-                session = f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"
-                t_ref, s_ref = worker.run_episode.options(num_returns=2).remote(proxy, item, g, s, session)
+                t_ref, s_ref = submit(worker, proxy, item, g, s)
                 traj_refs.append(t_ref)
                 summary_refs.append(s_ref)
                 keys.append((item, g, s))

@@ -27,6 +27,8 @@ def run_training(cfg: Config) -> Path:
     timer = Timer()
     print(f"rlsys: run directory {run_dir.resolve()} (namespace {job.namespace})", flush=True)
     try:
+        if cfg.eval.at_start:
+            evaluate(job, logger, job.start_step, "start")
         for step in range(job.start_step, cfg.max_steps):
             t0 = time.perf_counter()
             items = job.data.next_batch(cfg.rollout.batch_size)
@@ -48,6 +50,10 @@ def run_training(cfg: Config) -> Path:
             logger.log(step, m)
             print(console_line(step, cfg.max_steps, m), flush=True)
             job.maybe_checkpoint(step + 1)
+            if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.max_steps:
+                evaluate(job, logger, step + 1, f"step{step + 1}")
+        if cfg.eval.at_end:
+            evaluate(job, logger, cfg.max_steps, "end")
         job.checkpoint(cfg.max_steps, final=True)
     finally:
         logger.close()
@@ -55,6 +61,18 @@ def run_training(cfg: Config) -> Path:
         if ray.is_initialized() and job.owns_ray:
             ray.shutdown()
     return run_dir
+
+
+def evaluate(job, logger: MetricsLogger, step: int, tag: str) -> dict[str, float]:
+    """Held-out evaluation (a config-selected phase: eval.at_start / every / at_end)."""
+    t0 = time.perf_counter()
+    metrics = job.evaluate(tag)
+    metrics["time/eval"] = time.perf_counter() - t0
+    logger.log_eval(step, tag, metrics)
+    rates = "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in metrics.items()
+                      if k.endswith("_rate") or k == "eval/rewards_mean")
+    print(f"eval[{tag}] after {step} steps: {rates}", flush=True)
+    return metrics
 
 
 def prepare_run_dir(cfg: Config) -> Path:

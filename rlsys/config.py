@@ -41,7 +41,8 @@ class ModelConfig(_Section):
 
 class DataConfig(_Section):
     dataset_path: str | None = None
-    """JSONL training items. Unset: the tic-tac-toe training set is generated (`num_items`, `seed`)."""
+    """JSONL training items (SFT: chats `{"messages": [...], "tools": [...]}`). Unset: the tic-tac-toe
+    training set is generated (`num_items`, `seed`); for SFT, format-only chats over those boards."""
     eval_path: str | None = None
     """JSONL held-out items. Unset: generated tic-tac-toe boards disjoint from the training set."""
     num_items: int = Field(2048, ge=1)
@@ -170,6 +171,19 @@ class ClusterConfig(_Section):
     """CPUs reserved with each GPU bundle."""
 
 
+class EvalConfig(_Section):
+    at_start: bool = False
+    """Evaluate on the held-out items before the first step."""
+    at_end: bool = False
+    """Evaluate on the held-out items after the last step."""
+    every: int = Field(0, ge=0)
+    """Also evaluate every N steps (0 = never)."""
+    temperature: float = Field(0.0, ge=0.0)
+    """Sampling temperature of evaluation episodes (0 = greedy)."""
+    n_samples: int = Field(1, ge=1)
+    """Episodes per held-out item."""
+
+
 class LoggingConfig(_Section):
     metrics_log_dir: str | None = None
     """TensorBoard event directory; unset = `<run_dir>/tb`."""
@@ -207,13 +221,14 @@ class Config(_Section):
     cluster: ClusterConfig = ClusterConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "Config":
         r, a, c = self.rollout, self.algo, self.cluster
         if a.name in ("gspo", "grpo") and r.n_samples < 2:
             raise ValueError(f"rollout.n_samples: {a.name} needs >= 2 samples per item for a group baseline")
-        total = r.batch_size * r.n_samples
+        total = r.batch_size * (1 if a.name == "sft" else r.n_samples)  # SFT: one example per item
         if total % a.n_minibatches:
             raise ValueError(
                 f"algo.n_minibatches: {a.n_minibatches} does not divide rollout.batch_size x "
@@ -223,7 +238,7 @@ class Config(_Section):
         if per_minibatch % self.learner.mini_bs:
             raise ValueError(
                 f"learner.mini_bs: {self.learner.mini_bs} does not divide a minibatch of {per_minibatch} "
-                f"trajectories (rollout.batch_size x rollout.n_samples / algo.n_minibatches)"
+                f"trajectories (rollout.batch_size x rollout.n_samples / algo.n_minibatches; SFT: n_samples=1)"
             )
         if c.world_size % c.tp_size:
             raise ValueError(f"cluster.tp_size: {c.tp_size} does not divide cluster.world_size {c.world_size}")

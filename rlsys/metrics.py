@@ -80,6 +80,7 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
+        self._eval_file = None
         self._tb = None
         if tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -87,9 +88,18 @@ class MetricsLogger:
             self._tb = SummaryWriter(log_dir=str(tb_dir))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self._write(self._file, step, metrics)
+
+    def log_eval(self, step: int, tag: str, metrics: dict[str, Any]) -> None:
+        """Held-out evaluation: `<run_dir>/eval.jsonl` (with its tag) and TensorBoard under eval/*."""
+        if self._eval_file is None:
+            self._eval_file = self.path.with_name("eval.jsonl").open("a", encoding="utf-8")
+        self._write(self._eval_file, step, {"tag": tag, **metrics})
+
+    def _write(self, file: Any, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        file.write(json.dumps(record) + "\n")
+        file.flush()
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -98,6 +108,8 @@ class MetricsLogger:
 
     def close(self) -> None:
         self._file.close()
+        if self._eval_file is not None:
+            self._eval_file.close()
         if self._tb is not None:
             self._tb.close()
 

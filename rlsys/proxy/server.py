@@ -234,7 +234,7 @@ def create_app(
     *,
     api_token: str,
     model_name: str,
-    sampling_defaults: SamplingParams,
+    sampling_defaults: SamplingParams | Callable[[], SamplingParams],
     recorder: SessionRecorder,
     max_request_bytes: int = 1_000_000,
     max_tokens_cap: int = 4096,
@@ -256,7 +256,9 @@ def create_app(
     if max_model_len is None and getattr(tokenizer, "model_max_length", 10**30) < 10**9:
         max_model_len = int(tokenizer.model_max_length)
     codec = _ChatCodec(tokenizer)
-    stop_ids = tuple(sorted(set(sampling_defaults.stop_token_ids) | codec.end_ids))
+    # a callable is read per request: the rollout actor switches to greedy for evaluation and back
+    current_defaults = sampling_defaults if callable(sampling_defaults) else (lambda: sampling_defaults)
+    stop_ids = tuple(sorted(set(current_defaults().stop_token_ids) | codec.end_ids))
     created = int(time.time())
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -295,7 +297,7 @@ def create_app(
             req, session_id = _parse(await request.body(), request.headers, model_name)
             tools = template_tools(req)
             prompt_ids = codec.render(template_messages(req), tools)
-            params = _sampling_params(req, sampling_defaults, stop_ids, len(prompt_ids),
+            params = _sampling_params(req, current_defaults(), stop_ids, len(prompt_ids),
                                       max_tokens_cap, max_model_len)
             if params.seed is None and session_id is not None and seed_for_session is not None:
                 params = dataclasses.replace(params, seed=seed_for_session(session_id, recorder.num_turns(session_id)))

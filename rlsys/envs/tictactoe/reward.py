@@ -107,3 +107,13 @@ def reward(record: dict) -> float:
     if isinstance(square_or_label, str):
         return MALFORMED_REWARD
     return game.score_move(board, square_or_label)
+
+
+def summarize(outcomes: list[str]) -> dict[str, float]:
+    """Evaluation rates from error-table labels: valid tool call, legal move, optimal move, winning move."""
+    n = max(len(outcomes), 1)
+    valid = sum(o not in ("no_tool_call", "parse_error") for o in outcomes)
+    legal = sum(o in ("legal_suboptimal", "optimal", "win") for o in outcomes)
+    optimal = sum(o in ("optimal", "win") for o in outcomes)
+    return {"valid_call_rate": valid / n, "legal_move_rate": legal / n, "optimal_move_rate": optimal / n,
+            "win_move_rate": sum(o == "win" for o in outcomes) / n}
