@@ -48,6 +48,8 @@ class EnvWorker:
                           session_id: str) -> tuple[Trajectory, TrajectorySummary]:
         """One agent episode + reward. ``proxy`` = {"url", "token", "model", "actor"} of a rollout actor."""
         traj = Trajectory(item_id=str(item.get("id", "")), group=group, sample=sample)
+        # a retry after this worker died mid-episode must not inherit the dead attempt's recorded turns
+        await proxy["actor"].pop_session.remote(session_id)
         client = self._client(proxy["url"], proxy["token"], session_id)
         output: Any = None
         try:

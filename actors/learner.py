@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ from rlsys.config import Config
 from rlsys.types import Segment, Trajectory
 from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES, BucketPacker
 from rlsys.weights.transport import make_transport
+
+
+LEARNER_STATE = "learner_state.pt"
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Learner:
             torch.set_num_threads(num_threads)
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
+        self.model_path = model_path
         self.device = pick_device()
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.model = AutoModelForCausalLM.from_pretrained(
@@ -283,6 +288,39 @@ class Learner:
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()}
+
+    def save_state(self, path: str | Path) -> None:
+        """Everything needed to continue exactly: HF weights + tokenizer (a loadable model folder) and
+        optimizer (8-bit states included), scheduler, step counter and RNG states."""
+        from transformers import AutoTokenizer
+
+        self.model.save_pretrained(path)
+        AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "optimizer_steps": self.optimizer_steps,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "python_rng": random.getstate(),
+        }
+        torch.save(state, Path(path) / LEARNER_STATE)
+
+    def load_state(self, path: str | Path) -> int:
+        """Restore what `save_state` wrote (the weights were loaded from the same folder at start-up).
+        Returns the optimizer step counter."""
+        f = Path(path) / LEARNER_STATE
+        if not f.is_file():
+            raise FileNotFoundError(f"checkpoint {path}: {LEARNER_STATE} missing (not written by rlsys?)")
+        state = torch.load(f, map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        random.setstate(state["python_rng"])
+        return self.optimizer_steps
 
     def save_pretrained(self, path: str | Path) -> None:
         self.model.save_pretrained(path)

@@ -6,6 +6,7 @@ served by the same process without threads fighting over the model. Plain class,
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import secrets
@@ -54,14 +55,20 @@ class RolloutWorker:
                                   seed=self.cfg.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         r = self.cfg.rollout
-        defaults = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
+        self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
         app = create_app(self.engine, self.tokenizer, api_token=self.api_token, model_name=MODEL_NAME,
-                         sampling_defaults=defaults, recorder=self.recorder, max_tokens_cap=r.max_new_tokens,
+                         sampling_defaults=lambda: self.sampling, recorder=self.recorder,
+                         max_tokens_cap=r.max_new_tokens,
                          max_model_len=r.max_model_len,
                          seed_for_session=lambda sid, turn: session_seed(self.cfg.seed, sid, turn))
         self.server = ProxyServer(app)
         url = await self.server.start()
         return {"url": url, "token": self.api_token, "model": MODEL_NAME}
+
+    async def set_temperature(self, temperature: float | None) -> None:
+        """Sampling temperature of requests that name none (evaluation is greedy); None = the config's."""
+        value = self.cfg.rollout.temperature if temperature is None else temperature
+        self.sampling = dataclasses.replace(self.sampling, temperature=value)
 
     async def pop_session(self, session_id: str) -> SessionRecord:
         return self.recorder.pop(session_id)

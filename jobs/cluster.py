@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from jobs.placement import place_actors
+from rlsys import checkpoint as ckpt
 from rlsys.config import Config, dump_config
 from rlsys.metrics import rollout_metrics
-from rlsys.data import ItemStream, read_jsonl
+from rlsys.data import DatasetError, ItemStream, read_jsonl
 from rlsys.models.resolve import resolve_model
 from rlsys.plugins import load_agent, load_reward
 from rlsys.types import Trajectory, TrajectorySummary
@@ -47,16 +46,61 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def wait_for_stale_actors(namespace: str, timeout_s: float = 60.0) -> None:
+    """A restarted job (after a crash, `--resume auto`) reuses its namespace; Ray reaps the dead driver's
+    named actors within seconds. Wait for that instead of failing on a taken name."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
+        if not alive:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(a["name"] for a in alive)
+            raise RuntimeError(f"namespace {namespace!r} still has actors {names} from another run of this job; "
+                               "is it still running? (set cluster.namespace to run both)")
+        time.sleep(0.5)
+
+
 def job_namespace(cfg: Config) -> str:
     if cfg.cluster.namespace:
         return cfg.cluster.namespace
     return "rlsys-" + re.sub(r"[^A-Za-z0-9_.-]", "-", Path(cfg.run_dir).name)
 
 
+def item_validator(cfg: Config):
+    """What every dataset line must satisfy: an SFT chat, or the reward file's optional `validate_item`."""
+    if cfg.algo.name == "sft":
+        return validate_chat
+    reward_fn, _ = load_reward(cfg.env.reward_fn_path)
+    return getattr(sys.modules[reward_fn.__module__], "validate_item", None)
+
+
+def validate_chat(item: dict[str, Any]) -> None:
+    messages = item.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("an SFT item needs a non-empty 'messages' list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"messages[{i}]: needs a role of system, user, assistant or tool")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("no assistant message to learn")
+
+
+def preflight(cfg: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Everything that can be refused before Ray starts: plug-ins, training and held-out data."""
+    load_agent(cfg.env.agent_fn)
+    load_reward(cfg.env.reward_fn_path)
+    items = load_items(cfg)
+    wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
+    return items, load_eval_items(cfg) if wants_eval else []
+
+
 def load_items(cfg: Config) -> list[dict[str, Any]]:
     """Training items: the dataset file, or the generated tic-tac-toe boards (format-only chats for SFT)."""
     if cfg.data.dataset_path:
-        return read_jsonl(cfg.data.dataset_path)
+        return read_jsonl(cfg.data.dataset_path, validate=item_validator(cfg))
     from rlsys.envs.tictactoe.dataset import make_dataset
 
     boards = make_dataset(cfg.data.num_items, cfg.data.seed)
@@ -70,9 +114,10 @@ def load_items(cfg: Config) -> list[dict[str, Any]]:
 def load_eval_items(cfg: Config) -> list[dict[str, Any]]:
     """Held-out items: the eval file, or generated tic-tac-toe boards disjoint from the training boards."""
     if cfg.data.eval_path:
-        return read_jsonl(cfg.data.eval_path)
+        reward_fn, _ = load_reward(cfg.env.reward_fn_path)
+        return read_jsonl(cfg.data.eval_path, validate=getattr(sys.modules[reward_fn.__module__], "validate_item", None))
     if cfg.data.dataset_path and cfg.algo.name != "sft":
-        raise ValueError("data.eval_path: evaluation of a custom dataset needs its own held-out file")
+        raise DatasetError("data.eval_path: evaluating on a custom dataset needs its own held-out file")
     from rlsys.envs.tictactoe.dataset import make_dataset
 
     train_boards = [item["board"] for item in make_dataset(cfg.data.num_items, cfg.data.seed)]
@@ -152,18 +197,18 @@ class Job:
     outcome_labels: tuple[str, ...] = ()
     reward_module: str = ""
     start_step: int = 0
-    _saved: list[Path] = field(default_factory=list)
 
     @classmethod
-    def start(cls, cfg: Config) -> "Job":
-        # refuse bad plug-ins and data before any actor starts
-        load_agent(cfg.env.agent_fn)
-        load_reward(cfg.env.reward_fn_path)
-        items = load_items(cfg)
-        eval_items = load_eval_items(cfg) if (cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every) else []
-        model_path = resolve_model(cfg.model.ckpt)
+    def start(cls, cfg: Config, checked: tuple[list, list] | None = None) -> "Job":
+        """Start (or join) Ray and the actors. ``checked`` = what `preflight(cfg)` returned, if it ran."""
+        items, eval_items = checked or preflight(cfg)  # bad plug-ins and data: refused before any actor
+        resume_from = ckpt.find_resume(cfg.checkpoint.resume, cfg.checkpoint_dir())
+        trainer_state = ckpt.read_trainer_state(resume_from) if resume_from else None
+        # a resumed job starts learner and engine from the checkpoint's weights
+        model_path = str(resume_from) if resume_from else resolve_model(cfg.model.ckpt)
         namespace = job_namespace(cfg)
         owns_ray = init_ray(cfg, namespace)
+        wait_for_stale_actors(namespace)
         placed = place_actors(cfg, model_path)
         learner = placed.learner
         infos = ray.get([r.start.remote() for r in placed.rollouts])
@@ -185,6 +230,13 @@ class Job:
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
                   data=data, model_path=model_path, eval_items=eval_items if wants_eval else [],
                   outcome_labels=labels, reward_module=reward_fn.__module__)
+        if resume_from is not None:
+            ray.get(learner.load_state.remote(str(resume_from)))
+            data.load_state_dict(trainer_state["data"])
+            job.start_step = int(trainer_state["step"])
+            job.weights.push()  # DESIGN: after a resume, weights reach the engine before the first rollout
+            job.engines.wake()
+            print(f"rlsys: resumed from {resume_from} at step {job.start_step}", flush=True)
         job.weights.check_canary()  # engine and learner start from the same weights
         return job
 
@@ -273,24 +325,16 @@ class Job:
             self.checkpoint(step)
 
     def checkpoint(self, step: int, final: bool = False) -> Path:
+        """Learner state + data cursor + step + config, written atomically (rlsys/checkpoint.py)."""
         root = self.cfg.checkpoint_dir()
-        final_dir = root / f"step_{step:06d}"
-        tmp = root / f".tmp-step_{step:06d}-{secrets.token_hex(4)}"
-        tmp.mkdir(parents=True)
-        ray.get(self.learner.save_pretrained.remote(str(tmp)))
+        tmp = ckpt.new_temp_dir(root, step)
+        ray.get(self.learner.save_state.remote(str(tmp)))
         dump_config(self.cfg, tmp / "config.resolved.toml")
-        if final_dir.exists():
-            shutil.rmtree(final_dir)
-        os.replace(tmp, final_dir)
-        (root / "latest.tmp").write_text(final_dir.name + "\n")
-        os.replace(root / "latest.tmp", root / "latest")
-        self._saved.append(final_dir)
-        for old in self._saved[: -self.cfg.checkpoint.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        self._saved = self._saved[-self.cfg.checkpoint.keep :]
+        state = {"step": step, "data": self.data.state_dict(), "seed": self.cfg.seed}
+        path = ckpt.finalize(tmp, root, step, state, keep=self.cfg.checkpoint.keep)
         if final:
-            print(f"rlsys: checkpoint {final_dir}", flush=True)
-        return final_dir
+            print(f"rlsys: checkpoint {path}", flush=True)
+        return path
 
     def shutdown(self) -> None:
         for actor in self.rollouts:

@@ -7,11 +7,14 @@ trajectories into its own process: it sees per-trajectory summaries (scalars) on
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
-from rlsys.config import Config, ConfigError, add_config_args, config_from_args, dump_config
+from rlsys.config import Config, add_config_args, config_from_args, dump_config
+from rlsys.errors import UserInputError
 from rlsys.metrics import MetricsLogger, Timer, console_line, rollout_metrics
 
 
@@ -19,16 +22,18 @@ def run_training(cfg: Config) -> Path:
     """Run the job described by ``cfg``; returns the run directory."""
     import ray
 
-    from jobs.cluster import Job
+    from jobs.cluster import Job, preflight
 
+    checked = preflight(cfg)  # bad plug-ins and data are refused before the run directory or Ray exist
     run_dir = prepare_run_dir(cfg)
-    job = Job.start(cfg)
-    logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None)
+    job = Job.start(cfg, checked)
+    stop = StopRequest()  # after ray.init, which replaces the SIGTERM handler (TRAPS.md)
+    logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None, start_step=job.start_step)
     timer = Timer()
     print(f"rlsys: run directory {run_dir.resolve()} (namespace {job.namespace})", flush=True)
     try:
-        if cfg.eval.at_start:
-            evaluate(job, logger, job.start_step, "start")
+        if cfg.eval.at_start and job.start_step == 0:
+            evaluate(job, logger, 0, "start")
         for step in range(job.start_step, cfg.max_steps):
             t0 = time.perf_counter()
             items = job.data.next_batch(cfg.rollout.batch_size)
@@ -49,6 +54,10 @@ def run_training(cfg: Config) -> Path:
             m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(m["time/rollout"], 1e-9)
             logger.log(step, m)
             print(console_line(step, cfg.max_steps, m), flush=True)
+            if stop.requested:  # SIGTERM (`ray job stop`) or Ctrl-C: keep what was learned, then leave
+                job.checkpoint(step + 1, final=True)
+                print(f"rlsys: stopped by {stop.requested} after step {step + 1}; resume with --resume auto")
+                return run_dir
             job.maybe_checkpoint(step + 1)
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.max_steps:
                 evaluate(job, logger, step + 1, f"step{step + 1}")
@@ -56,11 +65,35 @@ def run_training(cfg: Config) -> Path:
             evaluate(job, logger, cfg.max_steps, "end")
         job.checkpoint(cfg.max_steps, final=True)
     finally:
+        stop.restore()
         logger.close()
         job.shutdown()
         if ray.is_initialized() and job.owns_ray:
             ray.shutdown()
     return run_dir
+
+
+class StopRequest:
+    """SIGTERM/SIGINT set a flag the loop checks between steps, so a stop checkpoints a consistent state
+    instead of dying mid-update; a second signal stops at once. (`ray job stop` sends SIGKILL ~3 s after
+    SIGTERM: raise RAY_JOB_STOP_SIGNAL_TIMEOUT_S on the cluster when steps are longer than that.)"""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.requested is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping now")
+        self.requested = signal.Signals(signum).name
+        print(f"rlsys: {self.requested} received: finishing this step, then checkpointing", flush=True)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def evaluate(job, logger: MetricsLogger, step: int, tag: str) -> dict[str, float]:
@@ -87,11 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     add_config_args(parser)
     args = parser.parse_args(argv)
     try:
-        cfg = config_from_args(args)
-    except ConfigError as err:
+        run_training(config_from_args(args))
+    except UserInputError as err:
         print(f"rlsys: {err}", file=sys.stderr)
         return 2
-    run_training(cfg)
     return 0
 
 

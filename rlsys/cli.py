@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlsys.config import ConfigError, add_config_args, config_from_args, describe_fields
+from rlsys.config import add_config_args, config_from_args, describe_fields
+from rlsys.errors import UserInputError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ConfigError as err:
+    except UserInputError as err:  # bad config, data, plug-in or checkpoint: one clear message, no traceback
         print(f"rlsys: {err}", file=sys.stderr)
         return 2
 

@@ -18,8 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rlsys.errors import UserInputError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserInputError):
     """A config that cannot be used; the message names the field (dotted path) and its source."""
 
 

@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlsys.errors import UserInputError
 
-class DatasetError(ValueError):
+
+class DatasetError(UserInputError):
     """A dataset file or line that cannot be used; the message names file:line."""
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every non-blank line must be a JSON object; an `id` is added (`line-<n>`) where missing."""
+def read_jsonl(path: str | Path, validate: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Every non-blank line must be a JSON object; an `id` is added (`line-<n>`) where missing.
+
+    ``validate(item)`` (e.g. the environment's `validate_item`) raises ValueError for an item it cannot
+    use; the error is re-raised naming file:line."""
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"dataset {p}: not found")
@@ -32,6 +38,11 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise DatasetError(f"{p}:{lineno}: not JSON ({err.msg} at column {err.colno})") from None
             if not isinstance(item, dict):
                 raise DatasetError(f"{p}:{lineno}: expected a JSON object, got {type(item).__name__}")
+            if validate is not None:
+                try:
+                    validate(item)
+                except (ValueError, TypeError, KeyError) as err:
+                    raise DatasetError(f"{p}:{lineno}: {err}") from None
             item.setdefault("id", f"line-{lineno}")
             if item["id"] in seen:
                 raise DatasetError(f"{p}:{lineno}: duplicate id {item['id']!r}")

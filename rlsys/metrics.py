@@ -76,16 +76,21 @@ def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iter
 class MetricsLogger:
     """metrics.jsonl + TensorBoard. Values that are not finite numbers are kept in JSON as strings."""
 
-    def __init__(self, run_dir: str | Path, tb_dir: str | Path | None) -> None:
+    def __init__(self, run_dir: str | Path, tb_dir: str | Path | None, start_step: int = 0) -> None:
+        """Rows of steps >= ``start_step`` already in the run directory are dropped from the JSONL files and
+        TensorBoard: a resumed run redoes the steps the crashed run logged after its last checkpoint, and
+        a fresh run (start_step 0) in an old run directory starts the files anew."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            _truncate_from(self.path.with_name(name), start_step)
         self._file = self.path.open("a", encoding="utf-8")
         self._eval_file = None
         self._tb = None
         if tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(tb_dir))
+            self._tb = SummaryWriter(log_dir=str(tb_dir), purge_step=start_step or None)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self._write(self._file, step, metrics)
@@ -112,6 +117,22 @@ class MetricsLogger:
             self._eval_file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _truncate_from(path: Path, start_step: int) -> None:
+    if not path.is_file():
+        return
+    rows = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [r for r in rows if 0 <= _step_of(r) < start_step]
+    if len(kept) != len(rows):
+        path.write_text("".join(kept), encoding="utf-8")
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return -1  # a torn last line from a crash: dropped
 
 
 def _jsonable(v: Any) -> Any:

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlsys.errors import UserInputError
 
-class PluginError(ValueError):
+
+class PluginError(UserInputError):
     """The agent or reward spec cannot be loaded; the message says which file and why."""
 
 

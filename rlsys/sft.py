@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlsys.errors import UserInputError
 from rlsys.types import Segment
 
 
-class SFTItemError(ValueError):
+class SFTItemError(UserInputError):
     """An SFT item that cannot be rendered; the message says which item and why."""
 
 

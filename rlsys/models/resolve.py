@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlsys.errors import UserInputError
 
-class ModelSpecError(ValueError):
+
+class ModelSpecError(UserInputError):
     """`model.ckpt` names nothing loadable; the message says what was looked for."""
 
 

@@ -1,0 +1,38 @@
+"""Shared fixtures: a real local Ray (address="local", 2 CPUs) for the loop and fault suites, the tiny model."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGINS = Path(__file__).resolve().parent / "loop" / "plugins"
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> str:
+    from rlsys.models.tiny import ensure_tiny_model
+
+    return str(ensure_tiny_model())
+
+
+def job_config(tmp_path: Path, *overrides: str, **flags: str):
+    """A small tic-tac-toe job config rooted in ``tmp_path``."""
+    from rlsys.config import load_config
+
+    base = {"--max-steps": "3", "--run-dir": str(tmp_path / "run"), "--batch-size": "2", "--n-samples": "4",
+            "--max-new-tokens": "24", "--mini-bs": "4", "--lr": "1e-3"}
+    base.update({f"--{k.replace('_', '-')}": v for k, v in flags.items()})
+    return load_config(flags=base, overrides=["logging.progress=false", "data.num_items=64", *overrides])
