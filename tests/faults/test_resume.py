@@ -103,3 +103,6 @@ def test_sigterm_checkpoints_the_finished_step_and_exits(ray_local, tmp_path):
     ckpt = find_resume("auto", run_dir / "checkpoints")
     assert ckpt is not None and read_trainer_state(ckpt)["step"] == last + 1
     assert (ckpt / "learner_state.pt").is_file() and (ckpt / "model.safetensors").is_file()
+    # written with the user's umask: nothing in the run directory is world-writable
+    writable = [p for p in [run_dir, *run_dir.rglob("*")] if p.stat().st_mode & 0o002]
+    assert writable == []

@@ -1,0 +1,67 @@
+"""Learner and weight-sync faults: a non-finite loss skips the optimizer step; an engine with wrong or
+dropped weights fails the canary loudly instead of rolling out with stale weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlsys.types import Segment, Trajectory
+from tests.conftest import job_config
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _trajectories() -> list[Trajectory]:
+    out = []
+    for sample, reward in enumerate([1.0, 0.0, 0.5, -1.0]):
+        ids = [5, 6, 7, 8 + sample, 9, 10]
+        seg = Segment(input_ids=ids, loss_mask=[0, 0, 0, 1, 1, 1], rollout_logprobs=[0, 0, 0, -1.0, -2.0, -0.5])
+        out.append(Trajectory(item_id="b", group=0, sample=sample, segments=[seg], reward=reward, num_turns=1))
+    return out
+
+
+def test_non_finite_loss_skips_the_optimizer_step(tmp_path, tiny_model_path):
+    from actors.learner import Learner
+
+    learner = Learner(job_config(tmp_path), tiny_model_path)
+    with torch.no_grad():
+        learner.model.model.norm.weight.fill_(float("inf"))  # every logit becomes NaN
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    stats = learner.train(_trajectories())
+    assert stats["train/skipped_steps"] == 1.0
+    assert not torch.isfinite(torch.tensor(stats["train/grad_norm"]))
+    assert learner.optimizer_steps == 0
+    for name, p in learner.model.named_parameters():
+        assert torch.equal(p, before[name]), f"{name} changed although the step was skipped"
+
+    healthy = Learner(job_config(tmp_path), tiny_model_path)
+    assert healthy.train(_trajectories())["train/skipped_steps"] == 0.0 and healthy.optimizer_steps == 1
+
+
+def test_canary_catches_wrong_and_missing_engine_weights(ray_local, tmp_path, tiny_model_path):
+    import ray
+
+    from jobs.cluster import Job
+    from rlsys.models.tiny import create_tiny_model
+    from rlsys.weights.buckets import BucketPacker
+    from rlsys.weights.transport import ObjectStoreTransport
+
+    job = Job.start(job_config(tmp_path))
+    try:
+        job.weights.check_canary()  # healthy to begin with
+        other, _ = create_tiny_model(seed=123)  # same shapes, other weights: a corrupted push
+        named = list(other.named_parameters())
+        payload = ObjectStoreTransport().export(BucketPacker.for_tensors(named).pack(named))
+        assert ray.get(job.rollouts[0].load_weights.remote(payload)) == len(named)
+        with pytest.raises(RuntimeError, match="stale-weights canary: engine 0 logprobs differ"):
+            job.weights.check_canary()
+
+        job.weights.push()  # a real push repairs it
+        job.weights.check_canary()
+
+        job.engines.sleep(level=2)  # weights dropped ...
+        job.engines.wake()          # ... and the push skipped
+        with pytest.raises(ray.exceptions.RayTaskError, match="weights dropped"):
+            job.weights.check_canary()
+    finally:
+        job.shutdown()
