@@ -110,6 +110,46 @@ class Learner:
         low, high = cfg.algo.clip_eps()
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
+        self.rank, self.world_size = 0, 1
+
+    # --- data parallelism ------------------------------------------------------------------------
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port, for rank 0 to host the process group's rendezvous."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def init_distributed(self, rank: int, world_size: int, init_method: str) -> None:
+        """Join the learners' process group (NCCL on GPU, gloo on CPU). Every rank computes the whole
+        batch's advantages, trains on its share of the sequences, and gradients are summed across ranks
+        before each optimizer step, so all ranks take the same step and their weights stay equal."""
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+        self.rank, self.world_size = rank, world_size
+        for p in self.params:  # start from rank 0's weights, whatever each rank loaded
+            dist.broadcast(p.data, src=0)
+
+    def _reduce_gradients(self, loss_sum: float) -> float:
+        """Sum gradients (flattened, one all-reduce) and the loss over ranks; no-op on one rank."""
+        if self.world_size == 1:
+            return loss_sum
+        import torch.distributed as dist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.tensor([loss_sum], device=self.device)])
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(self.params, grads):
+            n = g.numel()
+            p.grad = flat[offset : offset + n].view_as(p).to(p.dtype)
+            offset += n
+        return float(flat[-1])
 
     # --- training ----------------------------------------------------------------------------
     def train(self, trajectories: Sequence[Any]) -> dict[str, float]:
@@ -171,7 +211,8 @@ class Learner:
         normalizer = float(len(chunk))
         if algo == "grpo":  # token-mean over the whole minibatch
             normalizer = float(sum(r.segment.num_sampled for r in chunk))
-        active = [r for r in chunk if algo == "sft" or r.advantage != 0.0]
+        local = chunk[self.rank :: self.world_size]  # this rank's share; normalisers count the whole chunk
+        active = [r for r in local if algo == "sft" or r.advantage != 0.0]
         self._last_trained += [r.segment for r in active]
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
@@ -211,8 +252,9 @@ class Learner:
                 weight = 1.0 if k.startswith("train/logp_diff") else len(micro)
                 sums[k] = sums.get(k, 0.0) + float(v) * weight
                 counts[k] = counts.get(k, 0.0) + weight
-        if first and algo != "sft" and not active:  # keep the stale-weights alarm even with no signal
-            sums.update(self._logp_diff(chunk[:mbs]))
+        loss_sum = self._reduce_gradients(loss_sum)
+        if first and algo != "sft" and not active and local:  # keep the stale-weights alarm without signal
+            sums.update(self._logp_diff(local[:mbs]))
             counts.update({k: 1.0 for k in ("train/logp_diff_mean", "train/logp_diff_max")})
         stats = {k: v / counts[k] for k, v in sums.items()}
         if algo != "sft":  # no sequence with a signal: nothing moved, nothing was clipped
@@ -220,7 +262,7 @@ class Learner:
                               ("train/clip_frac_low", 0.0), ("train/clip_frac_high", 0.0)):
                 stats.setdefault(key, idle)
         stats["train/loss"] = loss_sum
-        stats["train/active_frac"] = len(active) / len(chunk)
+        stats["train/active_frac"] = len(active) / max(len(local), 1)
         stats["train/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.learner.max_grad_norm))
         return stats
 
@@ -253,14 +295,20 @@ class Learner:
     def export_weights(self, transport: str = "object_store", bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Any:
         """Parameters packed into reusable buckets (allocated on the first call, refilled afterwards),
         turned into the transport's payload."""
+        from rlsys.weights.transport import FusedPack
+
         named = list(self.model.named_parameters())
         if self._packer is None:
             self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device)
+            self._fused_pack = FusedPack(self._packer, named)  # packs the first push itself
+            buckets = self._fused_pack.buckets
+        else:
+            buckets = self._fused_pack.pack(named)  # one fused copy into the reused buffers
         # one transport object per name for the learner's lifetime: cuda_ipc makes each buffer's handle once
         transports = self.__dict__.setdefault("_transports", {})
         if transport not in transports:
             transports[transport] = make_transport(transport)
-        return transports[transport].export(self._packer.pack(named))
+        return transports[transport].export(buckets)
 
     def ipc_collect(self) -> None:
         """After the engines answered a push: free CUDA memory the engines no longer map (a no-op while the

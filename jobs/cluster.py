@@ -124,6 +124,28 @@ def load_eval_items(cfg: Config) -> list[dict[str, Any]]:
     return make_dataset(cfg.data.num_eval_items, cfg.data.seed + 1, exclude=train_boards)
 
 
+class RayGauges:
+    """`ray.util.metrics` gauges (exported for Prometheus; graphs need Prometheus + Grafana, see
+    TRAPS.md), tagged with the job's namespace."""
+
+    EXPORTED = {"step": "rlsys_step", "rollout/rewards_mean": "rlsys_reward_mean",
+                "perf/tokens_per_s": "rlsys_tokens_per_s", "time/sync": "rlsys_refit_seconds",
+                "time/step": "rlsys_step_seconds", "rollout/failed_frac": "rlsys_failed_frac"}
+
+    def __init__(self, namespace: str) -> None:
+        from ray.util.metrics import Gauge
+
+        self.tags = {"job": namespace}
+        self.gauges = {key: Gauge(name, description=f"rlsys {key}", tag_keys=("job",))
+                       for key, name in self.EXPORTED.items()}
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        for key, gauge in self.gauges.items():
+            value = step + 1 if key == "step" else metrics.get(key)
+            if isinstance(value, (int, float)):
+                gauge.set(float(value), tags=self.tags)
+
+
 class EngineGroup:
     """The rollout actors as one: sleep/wake all of them."""
 

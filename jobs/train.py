@@ -22,13 +22,14 @@ def run_training(cfg: Config) -> Path:
     """Run the job described by ``cfg``; returns the run directory."""
     import ray
 
-    from jobs.cluster import Job, preflight
+    from jobs.cluster import Job, RayGauges, preflight
 
     checked = preflight(cfg)  # bad plug-ins and data are refused before the run directory or Ray exist
     run_dir = prepare_run_dir(cfg)
     job = Job.start(cfg, checked)
     stop = StopRequest()  # after ray.init, which replaces the SIGTERM handler (TRAPS.md)
-    logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None, start_step=job.start_step)
+    logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None, start_step=job.start_step,
+                           sinks=[RayGauges(job.namespace)])
     timer = Timer()
     print(f"rlsys: run directory {run_dir.resolve()} (namespace {job.namespace})", flush=True)
     try:

@@ -76,7 +76,8 @@ def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iter
 class MetricsLogger:
     """metrics.jsonl + TensorBoard. Values that are not finite numbers are kept in JSON as strings."""
 
-    def __init__(self, run_dir: str | Path, tb_dir: str | Path | None, start_step: int = 0) -> None:
+    def __init__(self, run_dir: str | Path, tb_dir: str | Path | None, start_step: int = 0,
+                 sinks: Iterable[Any] = ()) -> None:
         """Rows of steps >= ``start_step`` already in the run directory are dropped from the JSONL files and
         TensorBoard: a resumed run redoes the steps the crashed run logged after its last checkpoint, and
         a fresh run (start_step 0) in an old run directory starts the files anew."""
@@ -86,6 +87,7 @@ class MetricsLogger:
             _truncate_from(self.path.with_name(name), start_step)
         self._file = self.path.open("a", encoding="utf-8")
         self._eval_file = None
+        self._sinks = list(sinks)  # e.g. Ray gauges for the dashboard: anything with log(step, metrics)
         self._tb = None
         if tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -94,6 +96,8 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self._write(self._file, step, metrics)
+        for sink in self._sinks:
+            sink.log(step, metrics)
 
     def log_eval(self, step: int, tag: str, metrics: dict[str, Any]) -> None:
         """Held-out evaluation: `<run_dir>/eval.jsonl` (with its tag) and TensorBoard under eval/*."""
