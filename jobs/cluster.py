@@ -162,10 +162,14 @@ class EngineGroup:
 
 @dataclass
 class WeightSync:
-    """Learner -> engines, behind one call (`push`), then the canary (`check_canary`)."""
+    """Learners -> engines, behind one call (`push`), then the canary (`check_canary`).
 
-    learner: Any
+    Engine i is fed by learner rank `sources[i]`, the rank on its GPU (or node), so every payload travels
+    by the cheapest transport; all ranks hold the same weights, so any rank is a correct source."""
+
+    learners: list[Any]
     engines: list[Any]
+    sources: list[int]  # (E,) learner rank feeding each engine
     transport: str
     bucket_bytes: int
     expected_count: int
@@ -174,11 +178,16 @@ class WeightSync:
     canary_tol: float
     canary_enabled: bool = True
 
+    @property
+    def learner(self) -> Any:
+        return self.learners[0]
+
     def push(self) -> dict[str, float]:
-        """Wake the engines' weights (not their KV cache), load the learner's weights, check the count."""
+        """Wake the engines' weights (not their KV cache), load the learners' weights, check the count."""
         ray.get([e.wake.remote(["weights"]) for e in self.engines])
-        payload = self.learner.export_weights.remote(self.transport, self.bucket_bytes)
-        counts = ray.get([e.load_weights.remote(payload) for e in self.engines])
+        payloads = {r: self.learners[r].export_weights.remote(self.transport, self.bucket_bytes)
+                    for r in sorted(set(self.sources))}
+        counts = ray.get([e.load_weights.remote(payloads[r]) for e, r in zip(self.engines, self.sources)])
         for i, count in enumerate(counts):
             if count != self.expected_count:
                 raise RuntimeError(f"weight push: engine {i} loaded {count} tensors, the learner sent "
@@ -207,7 +216,7 @@ class Job:
     cfg: Config
     namespace: str
     owns_ray: bool
-    learner: Any
+    learners: list[Any]  # ranks of one process group; rank 0 reports metrics and writes checkpoints
     rollouts: list[Any]
     proxies: list[dict[str, Any]]
     env_workers: list[Any]
@@ -232,13 +241,19 @@ class Job:
         owns_ray = init_ray(cfg, namespace)
         wait_for_stale_actors(namespace)
         placed = place_actors(cfg, model_path)
-        learner = placed.learner
+        learners = getattr(placed, "learners", None) or [placed.learner]
+        sources = getattr(placed, "sources", None) or [0] * len(placed.rollouts)
+        learner = learners[0]
+        if len(learners) > 1:
+            ip, port = ray.get(learner.address.remote())
+            ray.get([rank.init_distributed.remote(r, len(learners), f"tcp://{ip}:{port}")
+                     for r, rank in enumerate(learners)])
         infos = ray.get([r.start.remote() for r in placed.rollouts])
         proxies = [{**info, "actor": r} for info, r in zip(infos, placed.rollouts)]
         prompt, continuation = canary_sequence(model_path)
         num_params = ray.get(learner.num_parameters.remote())
         weights = WeightSync(
-            learner=learner, engines=placed.rollouts, transport=placed.transport,
+            learners=learners, engines=placed.rollouts, sources=sources, transport=placed.transport,
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
             canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
             canary_enabled=cfg.sync.canary,
@@ -248,12 +263,12 @@ class Job:
         reward_fn, _ = load_reward(cfg.env.reward_fn_path)
         labels = tuple(getattr(sys.modules[reward_fn.__module__], "OUTCOMES", ()))
         wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
-        job = cls(cfg=cfg, namespace=namespace, owns_ray=owns_ray, learner=learner, rollouts=placed.rollouts,
+        job = cls(cfg=cfg, namespace=namespace, owns_ray=owns_ray, learners=learners, rollouts=placed.rollouts,
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
                   data=data, model_path=model_path, eval_items=eval_items if wants_eval else [],
                   outcome_labels=labels, reward_module=reward_fn.__module__)
         if resume_from is not None:
-            ray.get(learner.load_state.remote(str(resume_from)))
+            ray.get([rank.load_state.remote(str(resume_from)) for rank in learners])
             data.load_state_dict(trainer_state["data"])
             job.start_step = int(trainer_state["step"])
             job.weights.push()  # DESIGN: after a resume, weights reach the engine before the first rollout
@@ -261,6 +276,11 @@ class Job:
             print(f"rlsys: resumed from {resume_from} at step {job.start_step}", flush=True)
         job.weights.check_canary()  # engine and learner start from the same weights
         return job
+
+    @property
+    def learner(self) -> Any:
+        """Rank 0: the learner that reports metrics, scores the canary and writes checkpoints."""
+        return self.learners[0]
 
     # --- phases ----------------------------------------------------------------------------
     def rollout(self, items: list[dict[str, Any]], step: int) -> tuple[list[Any], list[TrajectorySummary]]:
@@ -338,7 +358,8 @@ class Job:
             print(f"rlsys: WARNING step skipped: {failed:.0%} of trajectories failed "
                   f"(env.max_failed_frac={self.cfg.env.max_failed_frac})", flush=True)
             return {"train/skipped_batch": 1.0}
-        return {**ray.get(self.learner.train.remote(traj_refs)), "train/skipped_batch": 0.0}
+        stats = ray.get([rank.train.remote(traj_refs) for rank in self.learners])[0]  # rank 0's view
+        return {**stats, "train/skipped_batch": 0.0}
 
     # --- checkpoints (weights; the full resumable state arrives with the reliability work) --
     def maybe_checkpoint(self, step: int) -> None:
@@ -364,7 +385,7 @@ class Job:
                 ray.get(actor.shutdown.remote(), timeout=10)
             except Exception as err:  # shutting down anyway; say why it was not clean
                 print(f"rlsys: rollout shutdown: {type(err).__name__}: {err}", flush=True)
-        for actor in [self.learner, *self.rollouts, *self.env_workers]:
+        for actor in [*self.learners, *self.rollouts, *self.env_workers]:
             ray.kill(actor, no_restart=True)
 
 
