@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import os
 import secrets
 from typing import Any
@@ -29,16 +30,46 @@ def session_seed(base_seed: int, session_id: str, turn: int) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
+def resolve_engine_kind(cfg: Config) -> str:
+    """`rollout.engine`, with `auto` = vLLM when this process sees CUDA and vLLM is installed."""
+    kind = cfg.rollout.engine
+    if kind == "auto":
+        has_vllm = importlib.util.find_spec("vllm") is not None
+        kind = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
+    return kind
+
+
+def engine_dtype(cfg: Config) -> str:
+    """vLLM's dtype from `model.dtype` (`auto` = bfloat16 on the GPU, as the learner)."""
+    return "bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype
+
+
+def build_engine(cfg: Config, model_path: str):
+    """The engine `rollout.engine` asks for; vLLM's memory share comes from `rollout.gpu_memory_budget_gib`."""
+    r = cfg.rollout
+    kind = resolve_engine_kind(cfg)
+    if kind == "vllm":
+        from rlsys.engines.vllm_engine import device_total_bytes, memory_fraction
+
+        return make_engine("vllm", model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed,
+                           dtype=engine_dtype(cfg),
+                           gpu_memory_utilization=memory_fraction(r.gpu_memory_budget_gib, device_total_bytes()),
+                           max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True)
+    return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed)
+
+
 class RolloutWorker:
     def __init__(self, cfg: Config, model_path: str, *, api_token: str | None = None,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, transport: str | None = None) -> None:
+        """``transport``: how weights arrive, as resolved by the placement (`cuda_ipc` when learner and engine
+        share a GPU); unset = `sync.transport`."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
         self.model_path = model_path
         self.api_token = api_token or secrets.token_urlsafe(24)
         self.recorder = SessionRecorder()
-        self.transport = make_transport(cfg.sync.transport)
+        self.transport = make_transport(transport or cfg.sync.transport)
         self.engine = None
         self.server = None
 
@@ -48,11 +79,7 @@ class RolloutWorker:
 
         from rlsys.proxy.server import ProxyServer, create_app
 
-        kind = self.cfg.rollout.engine
-        if kind == "auto":
-            kind = "transformers"  # vLLM arrives with the GPU engine
-        self.engine = make_engine(kind, self.model_path, max_batch_size=self.cfg.rollout.engine_max_batch,
-                                  seed=self.cfg.seed)
+        self.engine = build_engine(self.cfg, self.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         r = self.cfg.rollout
         self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
@@ -89,6 +116,10 @@ class RolloutWorker:
         return await self.engine.score(prompt_ids, continuation_ids)
 
     async def named_weights(self) -> dict[str, torch.Tensor]:
+        """The engine's weights as CPU copies (vLLM: under vLLM's names, q/k/v and gate/up fused)."""
+        fetch = getattr(self.engine, "fetch_weights", None)
+        if fetch is not None:
+            return await fetch()
         return {n: t.detach().cpu().clone() for n, t in self.engine.named_weights()}
 
     async def stats(self) -> dict[str, Any]:

@@ -1,0 +1,110 @@
+"""The vLLM worker extension: weight loading by CUDA IPC (or from CPU buckets) inside vLLM's worker process.
+
+vLLM mixes this class into its GPU worker when the engine is built with
+`worker_extension_cls="actors.vllm_ext.WorkerExtension"` (vLLM's examples/offline_inference/rlhf_utils.py is
+the model); `VLLMEngine` calls the methods by name through `collective_rpc`. Payloads arrive pickled
+(bytes), so they pass whatever vLLM's RPC serialiser accepts natively.
+
+A push: open each bucket's IPC handle (cached across pushes: the learner reuses its buffers), slice views,
+copy them into the model. The first push goes through the model's own `load_weights` and then checks a
+`DirectCopyPlan` against what it wrote; later pushes use the plan (one fused copy) while it stays valid.
+Only parameters are loaded: buffers vLLM keeps (rotary caches) are untouched, and vLLM restores them itself
+after a level-2 sleep. The worker synchronises before answering, so the learner may refill its buffers.
+"""
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Iterable
+
+import torch
+
+
+class WorkerExtension:
+    def rlsys_load_ipc(self, payload: bytes) -> dict:
+        """Load a pickled list of `IpcBucket`; returns {"count", "missing", "path", "worker_ms", "opened"}."""
+        from rlsys.weights.transport import IpcBufferCache
+
+        start = time.perf_counter()
+        cache = getattr(self, "_rlsys_ipc_cache", None)
+        if cache is None:
+            cache = self._rlsys_ipc_cache = IpcBufferCache()
+        named = cache.views(pickle.loads(payload), self.device.index)
+        info = self._rlsys_load(named)
+        info.update(worker_ms=(time.perf_counter() - start) * 1e3, opened=cache.opened, reused=cache.reused)
+        return info
+
+    def rlsys_load_buckets(self, payload: bytes) -> dict:
+        """Load a pickled list of CPU `WeightBucket` (the object-store transport): one H2D copy per bucket."""
+        from rlsys.weights.buckets import WeightBucket, unpack_bucket
+
+        start = time.perf_counter()
+        named = []
+        for bucket in pickle.loads(payload):
+            on_device = WeightBucket(buffer=bucket.buffer.to(self.device, non_blocking=True), metas=bucket.metas)
+            named.extend(unpack_bucket(on_device))
+        info = self._rlsys_load(named)
+        info["worker_ms"] = (time.perf_counter() - start) * 1e3
+        return info
+
+    def rlsys_get_weights(self, names: list[str] | None = None) -> bytes:
+        """Pickled {vLLM parameter name: CPU copy} (all parameters, or those in ``names``)."""
+        model = self._rlsys_model()
+        wanted = None if names is None else set(names)
+        out = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if wanted is None or n in wanted}
+        return pickle.dumps(out)
+
+    def rlsys_release_ipc(self) -> None:
+        """Drop the cached IPC mappings (e.g. before the learner goes away)."""
+        cache = getattr(self, "_rlsys_ipc_cache", None)
+        if cache is not None:
+            cache.clear()
+
+    # ------------------------------------------------------------------ helpers
+    def _rlsys_model(self) -> torch.nn.Module:
+        runner = self.model_runner
+        return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+    @torch.no_grad()
+    def _rlsys_load(self, named: list[tuple[str, torch.Tensor]]) -> dict:
+        from rlsys.weights.transport import DirectCopyPlan
+
+        model = self._rlsys_model()
+        plan = getattr(self, "_rlsys_plan", None)
+        if plan is not None and plan.still_valid():
+            count, missing, path = plan.copy(named), [], "direct"
+        else:
+            counted = _Counted(named)
+            loaded = model.load_weights(counted)
+            count, missing, path = counted.n, _missing_params(model, loaded), "load_weights"
+            if getattr(self, "_rlsys_plan_refused", None) is None:
+                plan, reason = DirectCopyPlan.build(model, [(n, t.shape, t.dtype) for n, t in named])
+                reason = reason or (plan.verify(named) if plan is not None else "")
+                self._rlsys_plan = None if reason else plan
+                self._rlsys_plan_refused = reason or None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return {"count": count, "missing": missing, "path": path,
+                "plan_refused": getattr(self, "_rlsys_plan_refused", None)}
+
+
+class _Counted:
+    """Iterates (name, tensor) pairs and counts how many the model's `load_weights` consumed."""
+
+    def __init__(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._items = items
+        self.n = 0
+
+    def __iter__(self):
+        for item in self._items:
+            self.n += 1
+            yield item
+
+
+def _missing_params(model: torch.nn.Module, loaded) -> list[str] | None:
+    """Parameters `load_weights` did not report as loaded; None when it reports nothing to check against."""
+    if not loaded:
+        return None
+    loaded = set(loaded)
+    return sorted(n for n, _ in model.named_parameters()
+                  if n not in loaded and not any(n.endswith(x) or x.endswith(n) for x in loaded))

@@ -1,0 +1,361 @@
+"""The GPU generation engine: vLLM's `AsyncLLM` behind rlsys's `Engine` interface.
+
+Token ids in, token ids + raw logprobs out. vLLM is imported only when a `VLLMEngine` is built, so this
+module (and its helpers) import on machines without vLLM.
+
+- Continuous batching: every `generate` is one vLLM request; concurrent calls from the proxy are batched by
+  vLLM's scheduler. Each request carries its own seed (the proxy derives one per session and turn).
+- Logprobs: the engine runs with `logprobs_mode="raw_logprobs"` and asks for `logprobs=0` (only the sampled
+  token's), so `GenerateOutput.logprobs` are log_softmax of the raw logits at temperature 1, the quantity the
+  learner recomputes, whatever temperature or top-p sampled the token. `score` uses `prompt_logprobs=0`
+  (computed from the raw logits too; vLLM skips the prefix cache for such requests).
+- Stop: at the model's eos ids (generation_config) and the request's stop ids; the stop token stays in
+  `token_ids`, as with the CPU engine.
+- Sleep mode (`enable_sleep_mode`): `sleep(1)` offloads weights to CPU and drops the KV cache, `sleep(2)` drops
+  both; `wake(["weights"])` then `wake(["kv_cache"])` lets the weight push land before the KV cache comes back.
+  After `sleep(2)` the weights count as dropped until a push refilled every parameter: generating or scoring
+  before that raises instead of serving garbage (vLLM #29341, TRL #5312).
+- Weight push: `load_payload` pickles the transport payload (CUDA IPC handles, or CPU buckets) and sends it
+  to the worker extension (actors/vllm_ext.py) in ONE `collective_rpc` for all buckets. DESIGN.md sketches one
+  RPC per bucket; that pays off when the sender streams through one staging buffer, but `BucketPacker` keeps
+  every bucket alive for reuse, so all handles are ready at once and one RPC pays the round trip (~1 ms) once.
+  It is still one handle per bucket, never one RPC per tensor.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import pickle
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "actors.vllm_ext.WorkerExtension"
+WAKE_TAGS = ("weights", "kv_cache")
+WEIGHTS_DROPPED = "weights dropped by sleep(level=2); push the weights (load_payload) before serving"
+_RPC_METHODS = {"cuda_ipc": "rlsys_load_ipc", "object_store": "rlsys_load_buckets"}
+GIB = 1 << 30
+
+
+# ------------------------------------------------------------------ memory budget (no vLLM needed)
+def device_total_bytes() -> int:
+    """Total memory of this process's first visible GPU, read through NVML when it is there, so that the
+    rollout actor does not create a CUDA context (~0.5 GiB) just to size vLLM."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        import pynvml  # nvidia-ml-py, a vLLM dependency
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            if visible.startswith(("GPU-", "MIG-")):
+                handle = pynvml.nvmlDeviceGetHandleByUUID(visible)
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible))
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        except pynvml.NVMLError as err:
+            log.info("NVML could not size GPU %s (%s); asking torch instead", visible, err)
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def memory_fraction(budget_gib: float | None, total_bytes: int, *, default_share: float = 1 / 3) -> float:
+    """vLLM's `gpu_memory_utilization` for a budget in GiB (weights + activations + KV cache) on a device of
+    ``total_bytes``; unset budget = ``default_share`` of the device. The learner owns the rest."""
+    if total_bytes <= 0:
+        raise ValueError(f"device total memory must be > 0, got {total_bytes}")
+    if budget_gib is None:
+        return default_share
+    fraction = budget_gib * GIB / total_bytes
+    if not 0 < fraction <= 0.95:
+        raise ValueError(
+            f"rollout.gpu_memory_budget_gib={budget_gib} is {fraction:.0%} of this GPU's "
+            f"{total_bytes / GIB:.1f} GiB; keep it within (0, 95%] so the learner fits beside vLLM"
+        )
+    return fraction
+
+
+# ------------------------------------------------------------------ output helpers (no vLLM needed)
+def logprob_of(entry: Any, token_id: int) -> float:
+    """The logprob of ``token_id`` in one position of vLLM's logprobs (a dict of token id -> Logprob,
+    or a FlatLogprobs position, which maps the same way)."""
+    if entry is None:
+        raise RuntimeError(f"vLLM returned no logprobs at the position of token {token_id}")
+    try:
+        item = entry[token_id]
+    except (KeyError, IndexError):
+        raise RuntimeError(f"vLLM's logprobs at this position lack the sampled token {token_id}") from None
+    return float(getattr(item, "logprob", item))
+
+
+def finish_reason(reason: str | None) -> str:
+    if reason in ("stop", "length"):
+        return reason
+    raise RuntimeError(f"vLLM finished the request with {reason!r} (aborted, or the engine is going down)")
+
+
+def _eos_ids(model_path: str) -> tuple[int, ...]:
+    from transformers import AutoConfig, GenerationConfig  # noqa: PLC0415
+
+    ids: list[int] = []
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json: the model config's eos
+        eos = None
+    if eos is None:
+        eos = getattr(AutoConfig.from_pretrained(model_path).get_text_config(), "eos_token_id", None)
+    if isinstance(eos, int):
+        ids = [eos]
+    elif eos is not None:
+        ids = [int(e) for e in eos]
+    return tuple(ids)
+
+
+class VLLMEngine(Engine):
+    """`Engine` over vLLM's `AsyncLLM`. Build it inside the event loop that will call it."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        max_batch_size: int = 64,
+        seed: int = 0,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float,
+        max_model_len: int,
+        enforce_eager: bool,
+        enable_sleep_mode: bool = True,
+        enable_prefix_caching: bool = True,
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> None:
+        from transformers import AutoConfig  # noqa: PLC0415
+        from vllm import AsyncEngineArgs  # noqa: PLC0415
+
+        try:
+            from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+        except ImportError:  # moved in a later release; the top-level alias stays
+            from vllm import AsyncLLMEngine as AsyncLLM  # noqa: PLC0415
+
+        args = AsyncEngineArgs(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_seqs=max_batch_size,
+            enforce_eager=enforce_eager,
+            enable_sleep_mode=enable_sleep_mode,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="raw_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
+        )
+        llm = AsyncLLM.from_engine_args(args)
+        self._attach(
+            llm, max_model_len=int(llm.model_config.max_model_len),
+            vocab_size=int(AutoConfig.from_pretrained(model_path).get_text_config().vocab_size),
+            eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None else _eos_ids(model_path),
+            seed=seed, sleep_mode=enable_sleep_mode,
+        )
+
+    @classmethod
+    def around(cls, llm: Any, *, max_model_len: int, vocab_size: int, eos_token_ids: Iterable[int] = (),
+               seed: int = 0, sleep_mode: bool = True) -> VLLMEngine:
+        """An engine over an existing `AsyncLLM`-like object (tests drive the state logic with a fake)."""
+        engine = cls.__new__(cls)
+        engine._attach(llm, max_model_len=max_model_len, vocab_size=vocab_size,
+                       eos_token_ids=tuple(eos_token_ids), seed=seed, sleep_mode=sleep_mode)
+        return engine
+
+    def _attach(self, llm: Any, *, max_model_len: int, vocab_size: int, eos_token_ids: tuple[int, ...], seed: int,
+                sleep_mode: bool) -> None:
+        self.llm = llm
+        self.max_model_len = max_model_len  # the proxy reads it
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.sleep_mode = sleep_mode
+        self.last_load: dict[str, Any] = {}  # the worker's report of the latest push (path, timings)
+        self._seed_rng = torch.Generator().manual_seed(seed)  # seeds for requests that name none
+        self._ids = itertools.count()
+        self._id_prefix = secrets.token_hex(3)
+        self._asleep: set[str] = set()
+        self._weights_dropped = False
+        self._missing_after_push: list[str] = []
+        self._closed = False
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
+        self._check_serving()
+        prompt = self._checked_ids(prompt_ids, "prompt_ids")
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        total = len(prompt) + params.max_new_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the engine's max_model_len ({self.max_model_len})"
+            )
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        from vllm import SamplingParams as VllmSamplingParams  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+
+        sampling = VllmSamplingParams(
+            n=1, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p, seed=seed,
+            stop_token_ids=sorted(set(params.stop_token_ids) | set(self.eos_token_ids)), logprobs=0,
+            detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = await self._run(prompt, sampling)
+        completion = final.outputs[0]
+        token_ids = [int(t) for t in completion.token_ids]
+        if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(completion.logprobs or [])} logprobs for {len(token_ids)} tokens")
+        logprobs = [logprob_of(entry, tok) for entry, tok in zip(completion.logprobs, token_ids)]
+        return GenerateOutput(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason(completion.finish_reason))
+
+    async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+        self._check_serving()
+        prompt = self._checked_ids(prompt_ids, "prompt_ids")
+        continuation = self._checked_ids(continuation_ids, "continuation_ids")
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        if not continuation:
+            return []
+        total = len(prompt) + len(continuation) + 1  # vLLM samples one token after the prompt
+        if total > self.max_model_len:
+            raise ValueError(f"{total - 1} tokens (+1 sampled) exceed the engine's max_model_len ({self.max_model_len})")
+        from vllm import SamplingParams as VllmSamplingParams  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+
+        sampling = VllmSamplingParams(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                                      output_kind=RequestOutputKind.FINAL_ONLY)
+        final = await self._run(prompt + continuation, sampling)
+        plp = final.prompt_logprobs
+        if plp is None or len(plp) != total - 1:
+            raise RuntimeError(f"vLLM returned {len(plp or [])} prompt logprobs for {total - 1} tokens")
+        return [logprob_of(plp[len(prompt) + k], tok) for k, tok in enumerate(continuation)]
+
+    async def _run(self, prompt: list[int], sampling: Any) -> Any:
+        final = None
+        request_id = f"rlsys-{self._id_prefix}-{next(self._ids)}"
+        async for out in self.llm.generate({"prompt_token_ids": prompt}, sampling, request_id):
+            final = out
+        if final is None:
+            raise RuntimeError(f"vLLM request {request_id} ended without output")
+        return final
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        raise NotImplementedError(
+            "VLLMEngine's weights live in vLLM's engine process: use `await load_payload(transport, payload)` "
+            "(rlsys.weights.transport)"
+        )
+
+    async def load_payload(self, transport: Any, payload: Any) -> int:
+        """Forward a transport payload to the worker extension in one RPC; returns the tensors loaded."""
+        self._check_open()
+        if "weights" in self._asleep:
+            raise RuntimeError("load_payload: the weights are asleep; wake(['weights']) before pushing")
+        kind = getattr(transport, "name", None)
+        if kind not in _RPC_METHODS:
+            raise ValueError(f"VLLMEngine cannot receive weights through transport {kind!r}")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        results = await self.llm.collective_rpc(_RPC_METHODS[kind], args=(pickle.dumps(payload),))
+        counts = sorted({int(r["count"]) for r in results})
+        if len(counts) != 1:
+            raise RuntimeError(f"weight push: vLLM workers loaded different numbers of tensors: {counts}")
+        info = dict(results[0])
+        info["rpc_ms"] = (loop.time() - start) * 1e3
+        self.last_load = info
+        missing = info.get("missing") or []
+        if missing:
+            log.warning("weight push left %d vLLM parameter(s) unloaded, e.g. %s", len(missing), missing[:5])
+        self._missing_after_push = list(missing)
+        if counts[0] > 0 and not missing:
+            self._weights_dropped = False
+        return counts[0]
+
+    async def fetch_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """CPU copies of the engine's parameters under vLLM's names (q/k/v fused as qkv_proj, gate/up as
+        gate_up_proj); for tests and checks, not for the hot path."""
+        self._check_open()
+        results = await self.llm.collective_rpc("rlsys_get_weights", args=(names,))
+        return pickle.loads(results[0])
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        raise NotImplementedError("VLLMEngine: the weights live in vLLM's engine process; `await fetch_weights()`")
+
+    # ------------------------------------------------------------------ memory
+    async def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        self._check_open()
+        if not self.sleep_mode:
+            raise RuntimeError("VLLMEngine was built with enable_sleep_mode=False")
+        if self._asleep:
+            raise RuntimeError(f"engine already asleep ({sorted(self._asleep)}); wake() first")
+        await self.llm.sleep(level)
+        self._asleep = set(WAKE_TAGS)
+        if level == 2:
+            self._weights_dropped = True
+
+    async def wake(self, tags: list[str] | None = None) -> None:
+        self._check_open()
+        tags = list(WAKE_TAGS) if tags is None else list(tags)
+        unknown = [t for t in tags if t not in WAKE_TAGS]
+        if unknown:
+            raise ValueError(f"unknown wake tags {unknown}; expected a subset of {list(WAKE_TAGS)}")
+        todo = [t for t in WAKE_TAGS if t in tags and t in self._asleep]  # weights first, as vLLM needs
+        if not todo:
+            return  # waking what is awake would map vLLM's memory twice
+        await self.llm.wake_up(tags=todo)
+        self._asleep.difference_update(todo)
+
+    async def reset_prefix_cache(self) -> None:
+        self._check_open()
+        await self.llm.reset_prefix_cache()
+
+    @property
+    def weights_dropped(self) -> bool:
+        return self._weights_dropped
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self._asleep)
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.llm.shutdown()
+
+    # ------------------------------------------------------------------ checks
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+
+    def _check_serving(self) -> None:
+        self._check_open()
+        if self._weights_dropped:
+            detail = f" ({len(self._missing_after_push)} parameters missing after the last push, e.g. " \
+                     f"{self._missing_after_push[:3]})" if self._missing_after_push else ""
+            raise RuntimeError(WEIGHTS_DROPPED + detail)
+        if self._asleep:
+            raise RuntimeError(f"engine is asleep ({sorted(self._asleep)}); call wake() first")
+
+    def _checked_ids(self, ids: list[int], what: str) -> list[int]:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"{what}: ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        return ids
