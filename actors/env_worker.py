@@ -108,6 +108,11 @@ class EnvWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 def _fail(traj: Trajectory, reason: str) -> None:
     traj.failed = True

@@ -376,6 +376,11 @@ class Learner:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 # --- batching helpers --------------------------------------------------------------------------
 def _resolve(items: Sequence[Any]) -> list[Trajectory]:

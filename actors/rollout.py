@@ -61,15 +61,17 @@ def build_engine(cfg: Config, model_path: str):
 class RolloutWorker:
     def __init__(self, cfg: Config, model_path: str, *, api_token: str | None = None,
                  num_threads: int | None = None, transport: str | None = None) -> None:
-        """``transport``: how weights arrive, as resolved by the placement (`cuda_ipc` when learner and engine
-        share a GPU); unset = `sync.transport`."""
+        """``transport``: how weights arrive. `auto` (or unset with `sync.transport = auto`) is resolved in
+        `start`, where the engine is known: CUDA IPC for a vLLM engine (the placement puts it on its learner
+        rank's GPU), the object store otherwise."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
         self.model_path = model_path
         self.api_token = api_token or secrets.token_urlsafe(24)
         self.recorder = SessionRecorder()
-        self.transport = make_transport(transport or cfg.sync.transport)
+        self._transport_name = transport or cfg.sync.transport
+        self.transport = None
         self.engine = None
         self.server = None
 
@@ -80,6 +82,9 @@ class RolloutWorker:
         from rlsys.proxy.server import ProxyServer, create_app
 
         self.engine = build_engine(self.cfg, self.model_path)
+        if self._transport_name == "auto":
+            self._transport_name = "cuda_ipc" if resolve_engine_kind(self.cfg) == "vllm" else "object_store"
+        self.transport = make_transport(self._transport_name)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         r = self.cfg.rollout
         self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
@@ -90,7 +95,11 @@ class RolloutWorker:
                          seed_for_session=lambda sid, turn: session_seed(self.cfg.seed, sid, turn))
         self.server = ProxyServer(app)
         url = await self.server.start()
-        return {"url": url, "token": self.api_token, "model": MODEL_NAME}
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self._transport_name,
+                "node_id": node_id}
 
     async def set_temperature(self, temperature: float | None) -> None:
         """Sampling temperature of requests that name none (evaluation is greedy); None = the config's."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from jobs.placement import place_actors
+from jobs.placement import make_env_workers, place_actors
 from rlsys import checkpoint as ckpt
 from rlsys.config import Config, dump_config
 from rlsys.metrics import rollout_metrics
@@ -170,7 +170,7 @@ class WeightSync:
     learners: list[Any]
     engines: list[Any]
     sources: list[int]  # (E,) learner rank feeding each engine
-    transport: str
+    transports: list[str]  # (E,) how weights reach each engine: "cuda_ipc" (same GPU) or "object_store"
     bucket_bytes: int
     expected_count: int
     canary_prompt: list[int]
@@ -185,9 +185,12 @@ class WeightSync:
     def push(self) -> dict[str, float]:
         """Wake the engines' weights (not their KV cache), load the learners' weights, check the count."""
         ray.get([e.wake.remote(["weights"]) for e in self.engines])
-        payloads = {r: self.learners[r].export_weights.remote(self.transport, self.bucket_bytes)
-                    for r in sorted(set(self.sources))}
-        counts = ray.get([e.load_weights.remote(payloads[r]) for e, r in zip(self.engines, self.sources)])
+        routes = sorted(set(zip(self.sources, self.transports)))
+        payloads = {(r, t): self.learners[r].export_weights.remote(t, self.bucket_bytes) for r, t in routes}
+        counts = ray.get([e.load_weights.remote(payloads[route])
+                          for e, route in zip(self.engines, zip(self.sources, self.transports))])
+        if "cuda_ipc" in self.transports:  # the engines answered: IPC memory they released can go
+            ray.get([self.learners[r].ipc_collect.remote() for r, t in routes if t == "cuda_ipc"])
         for i, count in enumerate(counts):
             if count != self.expected_count:
                 raise RuntimeError(f"weight push: engine {i} loaded {count} tensors, the learner sent "
@@ -228,6 +231,7 @@ class Job:
     outcome_labels: tuple[str, ...] = ()
     reward_module: str = ""
     start_step: int = 0
+    placement_group: Any = None
 
     @classmethod
     def start(cls, cfg: Config, checked: tuple[list, list] | None = None) -> "Job":
@@ -241,8 +245,7 @@ class Job:
         owns_ray = init_ray(cfg, namespace)
         wait_for_stale_actors(namespace)
         placed = place_actors(cfg, model_path)
-        learners = getattr(placed, "learners", None) or [placed.learner]
-        sources = getattr(placed, "sources", None) or [0] * len(placed.rollouts)
+        learners, sources = placed.learners, placed.sources
         learner = learners[0]
         if len(learners) > 1:
             ip, port = ray.get(learner.address.remote())
@@ -250,15 +253,18 @@ class Job:
                      for r, rank in enumerate(learners)])
         infos = ray.get([r.start.remote() for r in placed.rollouts])
         proxies = [{**info, "actor": r} for info, r in zip(infos, placed.rollouts)]
+        transports = [info["transport"] for info in infos]
+        print(f"rlsys: {len(learners)} learner rank(s), {len(infos)} engine(s); weights by "
+              f"{', '.join(sorted(set(transports)))}", flush=True)
         prompt, continuation = canary_sequence(model_path)
         num_params = ray.get(learner.num_parameters.remote())
         weights = WeightSync(
-            learners=learners, engines=placed.rollouts, sources=sources, transport=placed.transport,
+            learners=learners, engines=placed.rollouts, sources=sources, transports=transports,
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
             canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
             canary_enabled=cfg.sync.canary,
         )
-        env_workers = placed.env_workers
+        env_workers = make_env_workers(cfg, nodes=[info["node_id"] for info in infos])
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)
         reward_fn, _ = load_reward(cfg.env.reward_fn_path)
         labels = tuple(getattr(sys.modules[reward_fn.__module__], "OUTCOMES", ()))
@@ -266,7 +272,7 @@ class Job:
         job = cls(cfg=cfg, namespace=namespace, owns_ray=owns_ray, learners=learners, rollouts=placed.rollouts,
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
                   data=data, model_path=model_path, eval_items=eval_items if wants_eval else [],
-                  outcome_labels=labels, reward_module=reward_fn.__module__)
+                  outcome_labels=labels, reward_module=reward_fn.__module__, placement_group=placed.placement_group)
         if resume_from is not None:
             ray.get([rank.load_state.remote(str(resume_from)) for rank in learners])
             data.load_state_dict(trainer_state["data"])
@@ -314,11 +320,16 @@ class Job:
 
     def _episodes(self, items: list[dict[str, Any]], n: int, submit) -> tuple[list[Any], list[TrajectorySummary]]:
         traj_refs, summary_refs, keys = [], [], []
+        engines = len(self.proxies)
+        # engines take episodes in turn (all episodes are submitted at once, so turn order = least loaded);
+        # each episode runs on an env worker on its engine's node (worker i serves engine i mod E)
+        local_workers = [self.env_workers[e :: engines] for e in range(engines)]
         k = 0
         for g, item in enumerate(items):
             for s in range(n):
-                worker = self.env_workers[k % len(self.env_workers)]
-                proxy = self.proxies[k % len(self.proxies)]
+                e = k % engines
+                proxy = self.proxies[e]
+                worker = local_workers[e][(k // engines) % len(local_workers[e])]
                 t_ref, s_ref = submit(worker, proxy, item, g, s)
                 traj_refs.append(t_ref)
                 summary_refs.append(s_ref)
@@ -387,6 +398,10 @@ class Job:
                 print(f"rlsys: rollout shutdown: {type(err).__name__}: {err}", flush=True)
         for actor in [*self.learners, *self.rollouts, *self.env_workers]:
             ray.kill(actor, no_restart=True)
+        if self.placement_group is not None:  # free the GPU bundles for the next job in this Ray session
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
 
 
 def canary_sequence(model_path: str) -> tuple[list[int], list[int]]:

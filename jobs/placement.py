@@ -1,11 +1,13 @@
-"""Where the job's actors go: the learner, the rollout actors (engine + proxy) and the env workers.
+"""Where the job's actors go: learner ranks, rollout actors (engine + proxy) and env workers.
 
-CPU (no GPU in the cluster): every actor with `num_gpus=0`, weights through the object store.
-GPU: one placement group with a `{"GPU": 1, "CPU": k}` bundle; the learner and the rollout actor (vLLM engine
-+ proxy) share that GPU with fractional `num_gpus` and take turns (rollout, then train), so weights go by
-CUDA IPC. vLLM's memory share is not set here: the rollout actor derives `gpu_memory_utilization` from
-`rollout.gpu_memory_budget_gib` and the device's size. Env workers stay on CPU, outside the bundle.
-The driver sees the same `Placement` either way.
+CPU (no GPU in the cluster): one learner and one engine with `num_gpus=0`, weights through the object store.
+GPUs: one placement group with a `{"GPU": 1, "CPU": k}` bundle per GPU of `cluster.world_size`; learner rank r
+and engine r share bundle r with fractional `num_gpus` and take turns (rollout, then train), so weights go
+by CUDA IPC on one GPU. Bundles may sit on several nodes. vLLM's memory share is not set here: the rollout
+actor derives `gpu_memory_utilization` from `rollout.gpu_memory_budget_gib` and the device's size. Env
+workers run on CPU, outside the bundles, on the node of the engine they call.
+The driver sees the same `Placement` either way; Ray with fake GPUs (`num_gpus` on a CPU box) exercises
+the GPU layout on CPU with the transformers engine and the object store (tests/loop/test_scale_out.py).
 """
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ import ray
 
 from actors.env_worker import EnvWorker
 from actors.learner import Learner
-from actors.rollout import RolloutWorker, resolve_engine_kind
+from actors.rollout import RolloutWorker
 from rlsys.config import Config
+from rlsys.errors import UserInputError
 
 # Learner and engine each take half of the bundle's GPU: Ray only needs the shares to fit in the bundle;
 # memory is split by vLLM's budget, not by these numbers.
@@ -39,69 +42,80 @@ GPU_ACTOR_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_
 
 @dataclass
 class Placement:
-    learner: Any
-    rollouts: list[Any]
-    env_workers: list[Any]
-    transport: str  # "object_store" | "cuda_ipc"
+    learners: list[Any]  # learner ranks, rank r on GPU bundle r
+    rollouts: list[Any]  # engines (+ proxies), one per `tp_size` GPUs
+    sources: list[int]  # (E,) the learner rank on each engine's GPU: where its weights come from
     canary_tol: float  # default tolerance of the canary for this layout's dtype
-    placement_group: Any = None  # GPU layout: the group holding the bundles (kept for the job's lifetime)
+    placement_group: Any = None  # GPU layout: the group holding the bundles (removed at shutdown)
 
 
-def make_env_workers(cfg: Config, **options: Any) -> list[Any]:
+def make_env_workers(cfg: Config, nodes: list[str | None], **options: Any) -> list[Any]:
+    """Env workers, at least one per engine, each pinned to the node of the engine it calls (worker i ->
+    engine i mod E), so agent traffic stays on loopback."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     env_cls = ray.remote(EnvWorker)
     retries = 1 if cfg.env.retry_failed_worker else 0
-    return [
-        env_cls.options(name=f"env-{i}", num_cpus=0, max_restarts=-1, max_task_retries=retries,
-                        max_concurrency=cfg.env.max_concurrency, **options).remote(
+    workers = []
+    for i in range(max(cfg.env.num_workers, len(nodes))):
+        node = nodes[i % len(nodes)]
+        where = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)} if node else {}
+        workers.append(env_cls.options(
+            name=f"env-{i}", num_cpus=0, max_restarts=-1, max_task_retries=retries,
+            max_concurrency=cfg.env.max_concurrency, **where, **options).remote(
             cfg.env.agent_fn, cfg.env.reward_fn_path, agent_timeout_s=cfg.env.agent_timeout_s,
-            reward_timeout_s=cfg.env.reward_timeout_s)
-        for i in range(cfg.env.num_workers)
-    ]
+            reward_timeout_s=cfg.env.reward_timeout_s))
+    return workers
 
 
 def place_actors(cfg: Config, model_path: str) -> Placement:
-    if int(ray.cluster_resources().get("GPU", 0)):
-        return place_on_gpu(cfg, model_path)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if gpus:
+        return place_on_gpus(cfg, model_path, gpus)
+    if cfg.cluster.world_size > 1:
+        raise UserInputError(f"cluster.world_size={cfg.cluster.world_size} counts GPUs, and this Ray cluster has "
+                             "none; on CPU use world_size 1")
     # learner and engine take turns (rollout, then train), so each may use every core in its phase
     threads = max(1, os.cpu_count() or 1)
     token = secrets.token_urlsafe(24)
     learner = ray.remote(Learner).options(name="learner-0", num_cpus=0).remote(cfg, model_path, num_threads=threads)
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024).remote(
         cfg, model_path, api_token=token, num_threads=threads, transport="object_store")
-    return Placement(learner=learner, rollouts=[rollout], env_workers=make_env_workers(cfg),
-                     transport="object_store", canary_tol=FP32_CANARY_TOL)
+    return Placement(learners=[learner], rollouts=[rollout], sources=[0], canary_tol=FP32_CANARY_TOL)
 
 
-def place_on_gpu(cfg: Config, model_path: str) -> Placement:
-    """One `{"GPU": 1, "CPU": k}` bundle shared by the learner and the rollout actor."""
+def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:
+    """One placement group, one `{"GPU": 1, "CPU": k}` bundle per GPU of `cluster.world_size`: learner rank r
+    and (with tp_size 1) engine r share bundle r, so every push stays on one GPU (CUDA IPC). Bundles may
+    land on several nodes (`cluster.placement_strategy` PACK/SPREAD); an engine is always on its rank's node."""
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     c = cfg.cluster
-    if c.world_size != 1 or c.tp_size != 1:
+    if c.tp_size != 1:
         raise NotImplementedError(
-            f"cluster.world_size={c.world_size}, tp_size={c.tp_size}: the GPU layout places one learner and one "
-            "engine on one GPU for now (multi-GPU learner ranks and tensor-parallel engines are not built yet)"
+            f"cluster.tp_size={c.tp_size}: tensor-parallel engines (vLLM's Ray executor inside the placement "
+            "group) are not built yet; use tp_size 1 (one engine per GPU)"
         )
+    if c.world_size > available:
+        raise UserInputError(f"cluster.world_size={c.world_size} but the Ray cluster has {available} GPU(s)")
     pg = placement_group([{"GPU": 1, "CPU": c.cpus_per_bundle}] * c.world_size, strategy=c.placement_strategy,
                          name=f"rlsys-{secrets.token_hex(3)}")
     ray.get(pg.ready(), timeout=120)
-    in_bundle = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
     runtime_env = {"env_vars": gpu_actor_env()}
-    kind = resolve_engine_kind(cfg)
-    transport = cfg.sync.transport
-    if transport == "auto":
-        transport = "cuda_ipc" if kind == "vllm" else "object_store"
     token = secrets.token_urlsafe(24)
-    learner = ray.remote(Learner).options(
-        name="learner-0", num_cpus=0, num_gpus=LEARNER_GPU_SHARE, scheduling_strategy=in_bundle,
-        runtime_env=runtime_env).remote(cfg, model_path)
-    rollout = ray.remote(RolloutWorker).options(
-        name="rollout-0", num_cpus=0, num_gpus=ROLLOUT_GPU_SHARE, max_concurrency=1024,
-        scheduling_strategy=in_bundle, runtime_env=runtime_env).remote(
-        cfg, model_path, api_token=token, transport=transport)
+    learners, rollouts = [], []
+    for rank in range(c.world_size):
+        in_bundle = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
+        learners.append(ray.remote(Learner).options(
+            name=f"learner-{rank}", num_cpus=0, num_gpus=LEARNER_GPU_SHARE, scheduling_strategy=in_bundle,
+            runtime_env=runtime_env).remote(cfg, model_path))
+        rollouts.append(ray.remote(RolloutWorker).options(
+            name=f"rollout-{rank}", num_cpus=0, num_gpus=ROLLOUT_GPU_SHARE, max_concurrency=1024,
+            scheduling_strategy=in_bundle, runtime_env=runtime_env).remote(
+            cfg, model_path, api_token=token, transport=cfg.sync.transport))
     bf16 = cfg.model.dtype in ("auto", "bfloat16", "float16")
-    return Placement(learner=learner, rollouts=[rollout], env_workers=make_env_workers(cfg), transport=transport,
+    return Placement(learners=learners, rollouts=rollouts, sources=list(range(c.world_size)),
                      canary_tol=BF16_CANARY_TOL if bf16 else FP32_CANARY_TOL, placement_group=pg)
 
 

@@ -11,14 +11,21 @@ PLUGINS = Path(__file__).resolve().parent / "loop" / "plugins"
 
 
 @pytest.fixture(scope="session")
-def ray_local():
+def _ray_session():
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def ray_local(_ray_session):
+    """A local Ray (2 CPUs) shared by the tests, started again if a test left it (e.g. for a 2-node cluster)."""
+    ray = _ray_session
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}})
-    yield ray
-    ray.shutdown()
+    return ray
 
 
 @pytest.fixture(scope="session")

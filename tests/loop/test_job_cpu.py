@@ -97,7 +97,8 @@ def test_raising_reward_and_hanging_agent_fail_their_trajectories_and_the_step_c
     data = tmp_path / "boards.jsonl"
     boards = {"hang": "X.O......", "boom": "XO.......", "ok1": ".........", "ok2": "XOX.O...."}
     data.write_text("".join(json.dumps({"id": k, "board": b}) + "\n" for k, b in boards.items()))
-    cfg = job_config(tmp_path, "env.agent_timeout_s=3", "data.shuffle=false", max_steps="1", batch_size="4",
+    # the timeout must outlast a healthy episode on a loaded 2-core box, and the 'hang' agent outlasts it
+    cfg = job_config(tmp_path, "env.agent_timeout_s=20", "data.shuffle=false", max_steps="1", batch_size="4",
                      n_samples="2", agent_fn=f"{PLUGINS / 'faulty.py'}:agent",
                      reward_fn_path=f"{PLUGINS / 'faulty.py'}:reward", dataset_path=str(data))
     run_dir = run_training(cfg)

@@ -62,13 +62,15 @@ def ray_head():
 def test_ray_job_submit_runs_the_driver_to_success(ray_head, tmp_path):
     address, env = ray_head
     run_dir = tmp_path / "run"
-    submit = subprocess.run(
-        [str(RAY), "job", "submit", "--address", address, "--no-wait", "--working-dir", str(REPO),
-         "--submission-id", f"rlsys-test-{os.getpid()}", "--",
-         sys.executable, "-m", "jobs.train", "--config", "configs/tictactoe-tiny-cpu.toml", "--max-steps", "1",
-         "--run-dir", str(run_dir), "logging.progress=false"],
-        env=env, capture_output=True, text=True, cwd=REPO, timeout=120,
-    )
+    argv = [str(RAY), "job", "submit", "--address", address, "--no-wait", "--working-dir", str(REPO),
+            "--submission-id", f"rlsys-test-{os.getpid()}", "--",
+            sys.executable, "-m", "jobs.train", "--config", "configs/tictactoe-tiny-cpu.toml", "--max-steps", "1",
+            "--run-dir", str(run_dir), "logging.progress=false"]
+    for _ in range(30):  # the head's job agent registers a few seconds after the dashboard answers
+        submit = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO, timeout=120)
+        if "No available agent" not in submit.stdout + submit.stderr:
+            break
+        time.sleep(2)
     assert submit.returncode == 0, submit.stdout + submit.stderr
     job_id = f"rlsys-test-{os.getpid()}"
     deadline = time.monotonic() + 300
