@@ -319,49 +319,7 @@ class Job:
         return metrics
 
     def _episodes(self, items: list[dict[str, Any]], n: int, submit) -> tuple[list[Any], list[TrajectorySummary]]:
-        traj_refs, summary_refs, keys = [], [], []
-        engines = len(self.proxies)
-        # engines take episodes in turn (all episodes are submitted at once, so turn order = least loaded);
-        # each episode runs on an env worker on its engine's node (worker i serves engine i mod E)
-        local_workers = [self.env_workers[e :: engines] for e in range(engines)]
-        k = 0
-        for g, item in enumerate(items):
-            for s in range(n):
-                e = k % engines
-                proxy = self.proxies[e]
-                worker = local_workers[e][(k // engines) % len(local_workers[e])]
-                t_ref, s_ref = submit(worker, proxy, item, g, s)
-                traj_refs.append(t_ref)
-                summary_refs.append(s_ref)
-                keys.append((item, g, s))
-                k += 1
-        summaries = self._gather(summary_refs)
-        for i, s in enumerate(summaries):
-            if s is None:  # the worker died twice: a failed trajectory the learner will skip
-                item, g, smp = keys[i]
-                t = Trajectory(item_id=str(item.get("id", "")), group=g, sample=smp, failed=True,
-                               fail_reason="worker_died: env worker process died during the episode (retried once)")
-                traj_refs[i] = ray.put(t)
-                summaries[i] = TrajectorySummary.of(t)
-        return traj_refs, summaries
-
-    def _gather(self, refs: list[Any]) -> list[TrajectorySummary | None]:
-        from tqdm import tqdm
-
-        out: list[TrajectorySummary | None] = [None] * len(refs)
-        index = {r: i for i, r in enumerate(refs)}
-        pending = list(refs)
-        with tqdm(total=len(refs), desc="rollout", leave=False, disable=not self.cfg.logging.progress,
-                  file=sys.stderr) as bar:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1, timeout=None)
-                for r in done:
-                    try:
-                        out[index[r]] = ray.get(r)
-                    except ray.exceptions.RayActorError:
-                        out[index[r]] = None
-                    bar.update(1)
-        return out
+        return run_episodes(self.env_workers, self.proxies, items, n, submit, progress=self.cfg.logging.progress)
 
     def train(self, traj_refs: list[Any], summaries: list[TrajectorySummary]) -> dict[str, float]:
         failed = sum(s.failed for s in summaries) / max(len(summaries), 1)
@@ -402,6 +360,57 @@ class Job:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self.placement_group)
+
+
+def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: list[dict[str, Any]], n: int,
+                 submit, progress: bool = False, desc: str = "rollout") -> tuple[list[Any], list[TrajectorySummary]]:
+    """``n`` episodes of every item on the env workers: ``submit(worker, proxy, item, group, sample)`` returns
+    the (trajectory, summary) refs of one. Returns the trajectory refs and the summaries, in item-major order.
+
+    Engines take episodes in turn (all are submitted at once, so turn order = least loaded), each on an env
+    worker on its engine's node (worker i serves engine i mod E). An episode whose worker died twice comes
+    back as a failed trajectory (`worker_died`), never as a hole."""
+    traj_refs, summary_refs, keys = [], [], []
+    engines = len(proxies)
+    local_workers = [env_workers[e::engines] for e in range(engines)]
+    k = 0
+    for g, item in enumerate(items):
+        for s in range(n):
+            e = k % engines
+            worker = local_workers[e][(k // engines) % len(local_workers[e])]
+            t_ref, s_ref = submit(worker, proxies[e], item, g, s)
+            traj_refs.append(t_ref)
+            summary_refs.append(s_ref)
+            keys.append((item, g, s))
+            k += 1
+    summaries = _gather(summary_refs, progress, desc)
+    for i, summary in enumerate(summaries):
+        if summary is None:
+            item, g, smp = keys[i]
+            t = Trajectory(item_id=str(item.get("id", "")), group=g, sample=smp, failed=True,
+                           fail_reason="worker_died: env worker process died during the episode (retried once)")
+            traj_refs[i] = ray.put(t)
+            summaries[i] = TrajectorySummary.of(t)
+    return traj_refs, summaries
+
+
+def _gather(refs: list[Any], progress: bool, desc: str) -> list[TrajectorySummary | None]:
+    """Summaries as they finish (a progress bar on stderr); None where the worker died for good."""
+    from tqdm import tqdm
+
+    out: list[TrajectorySummary | None] = [None] * len(refs)
+    index = {r: i for i, r in enumerate(refs)}
+    pending = list(refs)
+    with tqdm(total=len(refs), desc=desc, leave=False, disable=not progress, file=sys.stderr) as bar:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=None)
+            for r in done:
+                try:
+                    out[index[r]] = ray.get(r)
+                except ray.exceptions.RayActorError:
+                    out[index[r]] = None
+                bar.update(1)
+    return out
 
 
 def canary_sequence(model_path: str) -> tuple[list[int], list[int]]:

@@ -45,6 +45,42 @@ def _run_tiny_model(argv: list[str]) -> int:
 PASSTHROUGH = {"dataset": _run_dataset, "tiny-model": _run_tiny_model}
 
 
+def _run_eval(argv: list[str]) -> int:
+    from jobs import eval as eval_job
+
+    return eval_job.main(argv) or 0
+
+
+def _run_play(argv: list[str]) -> int:
+    from jobs import play
+
+    return play.main(argv) or 0
+
+
+def _run_check(argv: list[str]) -> int:
+    from rlsys import check
+
+    return check.main(argv) or 0
+
+
+def _run_report(argv: list[str]) -> int:
+    from rlsys import report
+
+    return report.main(argv) or 0
+
+
+PASSTHROUGH.update({"eval": _run_eval, "play": _run_play, "check": _run_check, "report": _run_report})
+
+
+def _run_recipe(argv: list[str]) -> int:
+    from jobs import recipe
+
+    return recipe.main(argv) or 0
+
+
+PASSTHROUGH["recipe"] = _run_recipe
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlsys", description="Agentic RL post-training: rollouts through an OpenAI-compatible proxy, GSPO learner."
@@ -62,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("dataset", help="write a tic-tac-toe board dataset (JSONL); see `rlsys dataset --help`")
     sub.add_parser("tiny-model", help="build the small Qwen2-architecture model rlsys uses on CPU")
+    sub.add_parser("eval", help="held-out eval of a checkpoint: valid-call/legal/optimal/win rates, --perturb")
+    sub.add_parser("play", help="play tic-tac-toe against a checkpoint in the browser (127.0.0.1)")
+    sub.add_parser("check", help="what this machine has (Python, torch, CUDA, vLLM, Ray) and what a job would use")
+    sub.add_parser("report", help="summary and PNG plots of a run directory")
+    sub.add_parser("recipe", help="run stage configs in sequence (SFT, then GSPO) and summarise; see `rlsys recipe --help`")
     return parser
 
 

@@ -1,0 +1,314 @@
+"""Held-out evaluation of a checkpoint: `rlsys eval --ckpt PATH` (or `python -m jobs.eval --ckpt PATH`).
+
+The same actors and agent path as training, minus the learner: one rollout actor (engine + OpenAI proxy)
+and the env workers of `jobs.placement.make_env_workers`, each episode an agent run through the proxy,
+scored by the job's reward and labelled by its `outcome`. Greedy by default (`--temperature 0`).
+
+Boards: `--boards FILE` (JSONL), else the generated held-out boards that `jobs.cluster.load_eval_items`
+builds, disjoint from the training boards. When `--ckpt` is a checkpoint written by rlsys, its
+`config.resolved.toml` supplies the data seeds, so the held-out set is disjoint from *that run's*
+training set (and the agent, reward and max_new_tokens are the run's own).
+
+`--perturb` runs every board once more per prompt variant of `rlsys.envs.tictactoe.prompt.PERTURBATIONS`:
+the items carry `"prompt_variant"`, which the built-in tic-tac-toe agent turns into `perturbed_messages`.
+Each variant is reported on its own (rates, reward, error table), next to the unperturbed `default`.
+
+Rates (`valid_call_rate`, `legal_move_rate`, `optimal_move_rate`, `win_move_rate`) come from the reward
+module's optional `summarize(outcomes)`; failed episodes (agent or reward errors) count in the denominator
+and appear in the error table under their failure kind, never as a 0 reward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlsys.config import Config, load_config
+from rlsys.errors import UserInputError
+
+DEFAULT_VARIANT = "default"
+BUILTIN_AGENT = "rlsys.envs.tictactoe.agent:agent"
+RATE_KEYS = ("valid_call_rate", "legal_move_rate", "optimal_move_rate", "win_move_rate")
+EXAMPLES_PER_VARIANT = 3
+
+
+@dataclass
+class EvalRequest:
+    """What `rlsys eval` was asked for (the command line, typed)."""
+
+    ckpt: str = "rlsys:tiny"
+    boards: str | None = None  # JSONL of held-out items; None = generated held-out boards
+    perturb: bool = False
+    n: int | None = None  # evaluate the first n boards only
+    samples: int = 1  # episodes per board (and variant)
+    temperature: float = 0.0
+    config: str | None = None  # TOML file to start from (else the checkpoint's own resolved config)
+    overrides: list[str] = field(default_factory=list)
+
+
+# --- what to evaluate ------------------------------------------------------------------------------
+def resolve_ckpt(path: str) -> str:
+    """A model folder as is; a run directory or a checkpoints folder -> its latest complete checkpoint."""
+    p = Path(path).expanduser()
+    if not p.is_dir() or (p / "config.json").is_file():
+        return path
+    for root in (p, p / "checkpoints"):
+        latest = root / "latest"
+        if latest.is_file() and (root / latest.read_text().strip() / "config.json").is_file():
+            return str(root / latest.read_text().strip())
+    return path  # resolve_model will say what is wrong with it
+
+
+def eval_config(req: EvalRequest) -> Config:
+    """The config episodes run under: the checkpoint's resolved config (or `--config`), model = the ckpt."""
+    ckpt = resolve_ckpt(req.ckpt)
+    base = req.config
+    own = Path(ckpt) / "config.resolved.toml"
+    if base is None and own.is_file():
+        base = str(own)
+    overrides = [f"model.ckpt={json.dumps(ckpt)}"]
+    if req.boards:
+        overrides.append(f"data.eval_path={json.dumps(req.boards)}")
+    return load_config(base, overrides=[*overrides, *req.overrides])
+
+
+def eval_items(cfg: Config, n: int | None) -> tuple[list[dict[str, Any]], str]:
+    """The held-out items (first ``n`` if given) and a one-line description of where they came from."""
+    from jobs.cluster import load_eval_items
+
+    items = load_eval_items(cfg)
+    d = cfg.data
+    if d.eval_path:
+        source = f"{d.eval_path}"
+    else:
+        source = (f"generated held-out boards (seed {d.seed + 1}, disjoint from the {d.num_items} "
+                  f"training boards of seed {d.seed})")
+    if n is not None:
+        items = items[:n]
+    return items, source
+
+
+def with_variants(items: list[dict[str, Any]], variants: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(variant, item) for every variant and item; perturbed items carry `prompt_variant`."""
+    return [(v, item if v == DEFAULT_VARIANT else {**item, "prompt_variant": v}) for v in variants for item in items]
+
+
+# --- running episodes on Ray actors ------------------------------------------------------------------
+def start_actors(cfg: Config, model_path: str) -> tuple[Any, dict[str, Any], list[Any]]:
+    """A rollout actor (engine + proxy; the whole GPU when there is one) and the env workers."""
+    import ray
+
+    from actors.rollout import RolloutWorker
+    from jobs.placement import gpu_actor_env, make_env_workers
+
+    token = secrets.token_urlsafe(24)
+    if int(ray.cluster_resources().get("GPU", 0)):
+        options = {"num_gpus": 1, "runtime_env": {"env_vars": gpu_actor_env()}}
+        kwargs = {}
+    else:
+        options = {"num_gpus": 0}
+        kwargs = {"num_threads": max(1, os.cpu_count() or 1)}
+    rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024, **options).remote(
+        cfg, model_path, api_token=token, transport="object_store", **kwargs)
+    info = ray.get(rollout.start.remote())
+    # env workers on the engine's node, so agent traffic stays on loopback (as in training)
+    return rollout, {**info, "actor": rollout}, make_env_workers(cfg, nodes=[info.get("node_id")])
+
+
+# --- turning summaries into the report -------------------------------------------------------------------
+def variant_metrics(summaries: list[Any], labels: tuple[str, ...], summarize: Any) -> dict[str, Any]:
+    """Rates, reward and error table of one variant's episodes (failed ones count against every rate)."""
+    from rlsys.metrics import rollout_metrics
+
+    m = rollout_metrics(summaries, labels)
+    out: dict[str, Any] = {"episodes": len(summaries)}
+    if summarize is not None:
+        out.update({k: float(v) for k, v in summarize([s.outcome if not s.failed else "failed" for s in summaries]).items()})
+    for key in ("rewards_mean", "failed_frac", "response_len_mean"):
+        if f"rollout/{key}" in m:
+            out[key] = m[f"rollout/{key}"]
+    out["errors"] = {k.removeprefix("error/"): v for k, v in m.items() if k.startswith("error/")}
+    return out
+
+
+def collect_examples(traj_refs: list[Any], summaries: list[Any], episodes: list[tuple[str, dict[str, Any]]],
+                     samples: int) -> dict[str, list[dict[str, Any]]]:
+    """The first few episodes of each variant, with what the model answered (for the JSON report)."""
+    import ray
+
+    picked: dict[str, list[int]] = {}
+    for k in range(len(traj_refs)):
+        variant = episodes[k // samples][0]
+        if len(picked.setdefault(variant, [])) < EXAMPLES_PER_VARIANT:
+            picked[variant].append(k)
+    flat = [k for ks in picked.values() for k in ks]
+    trajs = dict(zip(flat, ray.get([traj_refs[k] for k in flat])))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for variant, ks in picked.items():
+        out[variant] = [{"item_id": trajs[k].item_id, "board": episodes[k // samples][1].get("board"),
+                         "outcome": trajs[k].outcome or None, "reward": trajs[k].reward if not trajs[k].failed else None,
+                         "fail_reason": trajs[k].fail_reason or None, "output": trajs[k].info.get("output")}
+                        for k in ks]
+    return out
+
+
+def run_eval(req: EvalRequest) -> dict[str, Any]:
+    """Evaluate ``req.ckpt``; returns the report (what `--json` writes)."""
+    import ray
+
+    from jobs.cluster import init_ray, run_episodes
+    from rlsys.models.resolve import resolve_model
+    from rlsys.plugins import load_agent, load_reward
+
+    cfg = eval_config(req)
+    load_agent(cfg.env.agent_fn)
+    reward_fn, _ = load_reward(cfg.env.reward_fn_path)
+    reward_module = sys.modules[reward_fn.__module__]
+    labels = tuple(getattr(reward_module, "OUTCOMES", ()))
+    summarize = getattr(reward_module, "summarize", None)
+    items, source = eval_items(cfg, req.n)
+    variants = [DEFAULT_VARIANT]
+    if req.perturb:
+        from rlsys.envs.tictactoe.prompt import PERTURBATIONS
+
+        variants += list(PERTURBATIONS)
+        if cfg.env.agent_fn != BUILTIN_AGENT:
+            print(f"rlsys eval: WARNING --perturb sets item['prompt_variant']; the agent {cfg.env.agent_fn} "
+                  "must read it (the built-in tic-tac-toe agent does), or every variant is the default prompt",
+                  file=sys.stderr, flush=True)
+    episodes = with_variants(items, variants)
+    model_path = resolve_model(cfg.model.ckpt)
+
+    t0 = time.perf_counter()
+    owns_ray = init_ray(cfg, f"rlsys-eval-{secrets.token_hex(4)}")
+    rollout, env_workers = None, []
+    try:
+        rollout, proxy, env_workers = start_actors(cfg, model_path)
+        ray.get(rollout.set_temperature.remote(req.temperature))
+        t_start = time.perf_counter()
+        traj_refs, summaries = run_episodes(
+            env_workers, [proxy], [item for _, item in episodes], req.samples,
+            lambda w, p, item, g, s: w.run_episode.options(num_returns=2).remote(
+                p, item, g, s, f"eval-{item.get('prompt_variant', DEFAULT_VARIANT)}-item{g}-sample{s}"),
+            progress=cfg.logging.progress, desc="eval")
+        t_episodes = time.perf_counter() - t_start
+        examples = collect_examples(traj_refs, summaries, episodes, req.samples)
+        del traj_refs
+    finally:
+        _shutdown(rollout, env_workers)
+        if owns_ray:
+            ray.shutdown()
+
+    per_variant = {}
+    for v in variants:
+        mine = [s for k, s in enumerate(summaries) if episodes[k // req.samples][0] == v]
+        per_variant[v] = variant_metrics(mine, labels, summarize)
+    return {
+        "ckpt": req.ckpt, "model_path": model_path, "boards": source, "num_boards": len(items),
+        "samples": req.samples, "temperature": req.temperature, "agent": cfg.env.agent_fn,
+        "reward": cfg.env.reward_fn_path, "max_new_tokens": cfg.rollout.max_new_tokens,
+        "variants": per_variant, "examples": examples,
+        "time_s": {"total": time.perf_counter() - t0, "episodes": t_episodes},
+    }
+
+
+def _shutdown(rollout: Any, env_workers: list[Any]) -> None:
+    import ray
+
+    if rollout is not None:
+        try:
+            ray.get(rollout.shutdown.remote(), timeout=10)
+        except Exception as err:  # shutting down anyway; say why it was not clean
+            print(f"rlsys eval: rollout shutdown: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+    for actor in [a for a in [rollout, *env_workers] if a is not None]:
+        ray.kill(actor, no_restart=True)
+
+
+# --- output ----------------------------------------------------------------------------------------
+def format_table(report: dict[str, Any]) -> str:
+    """The printed report: one column per prompt variant, rates first, then reward and the error table."""
+    variants = list(report["variants"])
+    width = max(10, *(len(v) + 2 for v in variants))
+    rows: list[tuple[str, list[Any]]] = []
+    first = report["variants"][variants[0]]
+    for key in [k for k in RATE_KEYS if k in first] + ["rewards_mean", "failed_frac"]:
+        rows.append((key, [report["variants"][v].get(key) for v in variants]))
+    labels = sorted({k for v in variants for k in report["variants"][v]["errors"]},
+                    key=lambda k: (_label_order(k), k))
+    temp = report["temperature"]
+    lines = [
+        f"rlsys eval: {report['model_path']}",
+        f"  {report['num_boards']} boards from {report['boards']}",
+        f"  {report['samples']} sample(s) per board and variant, "
+        + ("greedy" if temp == 0 else f"temperature {temp:g}")
+        + f"; {sum(report['variants'][v]['episodes'] for v in variants)} episodes in "
+        f"{report['time_s']['episodes']:.1f} s",
+        "",
+        f"  {'':<22}" + "".join(f"{v:>{width}}" for v in variants),
+    ]
+    for name, values in rows:
+        lines.append(f"  {name:<22}" + "".join(_cell(x, width) for x in values))
+    lines.append("  error table (fraction of episodes)")
+    for label in labels:
+        lines.append(f"    {label:<20}" + "".join(_cell(report['variants'][v]['errors'].get(label, 0.0), width)
+                                             for v in variants))
+    return "\n".join(lines)
+
+
+def _label_order(label: str) -> int:
+    from rlsys.envs.tictactoe.game import OUTCOMES
+
+    return OUTCOMES.index(label) if label in OUTCOMES else len(OUTCOMES)
+
+
+def _cell(x: Any, width: int) -> str:
+    return f"{x:>{width}.3f}" if isinstance(x, (int, float)) else f"{'-':>{width}}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlsys eval", description=__doc__.splitlines()[0])
+    p.add_argument("--ckpt", default="rlsys:tiny",
+                   help="model folder, run directory (its latest checkpoint) or rlsys:tiny (default)")
+    p.add_argument("--boards", metavar="FILE", help="JSONL held-out items (default: generated held-out boards)")
+    p.add_argument("--perturb", action="store_true", help="also run every prompt perturbation, reported separately")
+    p.add_argument("--n", type=int, metavar="N", help="evaluate the first N boards only")
+    p.add_argument("--samples", type=int, default=1, metavar="K", help="episodes per board and variant (default 1)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default 0: greedy)")
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON")
+    p.add_argument("--config", metavar="FILE.toml", help="config to start from (default: the checkpoint's own)")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. rollout.max_new_tokens=48")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = list(args.overrides)
+    if args.address:
+        overrides.append(f"cluster.address={json.dumps(args.address)}")
+    for flag, value in (("--samples", args.samples), ("--n", args.n)):
+        if value is not None and value < 1:
+            print(f"rlsys eval: {flag} {value}: must be at least 1", file=sys.stderr)
+            return 2
+    req = EvalRequest(ckpt=args.ckpt, boards=args.boards, perturb=args.perturb, n=args.n, samples=args.samples,
+                      temperature=args.temperature, config=args.config, overrides=overrides)
+    try:
+        report = run_eval(req)
+    except UserInputError as err:  # bad checkpoint, boards, config or plug-in: one line, no traceback
+        print(f"rlsys eval: {err}", file=sys.stderr)
+        return 2
+    print(format_table(report), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        print(f"  report written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""`rlsys report RUN_DIR`: a run's results at a glance, from its metrics.jsonl (and eval.jsonl), plus PNG plots.
+
+Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window`
+steps; the windows overlap on runs shorter than two windows), the mean time per phase, and the held-out
+evaluations. Writes `RUN_DIR/plots/`: reward.png, response_len.png, loss.png, logp_diff.png, step_time.png
+and errors.png (a plot whose metric the run did not log, e.g. logp_diff for SFT, is skipped and said so).
+
+Reads only files (no Ray, no TensorBoard): works on a run that is still going or was copied elsewhere.
+Values that metrics.jsonl keeps as strings ("nan", "inf") are read back as floats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PHASES = ("rollout", "sleep", "train", "sync", "wake", "canary")
+# error-table colours: failures grey/red/orange, legal moves blue to green (unknown labels: matplotlib's cycle)
+ERROR_COLORS = {"no_tool_call": "#8c8c8c", "parse_error": "#d62728", "occupied": "#ff7f0e", "out_of_range": "#bcbd22",
+                "legal_suboptimal": "#1f77b4", "optimal": "#2ca02c", "win": "#17becf"}
+EVAL_KEYS = ("eval/valid_call_rate", "eval/legal_move_rate", "eval/optimal_move_rate", "eval/win_move_rate",
+             "eval/rewards_mean")
+
+
+class ReportError(ValueError):
+    """RUN_DIR is not a run directory (no metrics.jsonl) or its files cannot be read."""
+
+
+@dataclass
+class Run:
+    path: Path
+    rows: list[dict[str, Any]]  # metrics.jsonl, one per step, in file order
+    evals: list[dict[str, Any]] = field(default_factory=list)  # eval.jsonl
+    config: dict[str, Any] = field(default_factory=dict)  # config.resolved.toml (empty if absent)
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of ``key`` over the steps that logged a number for it."""
+        steps, values = [], []
+        for r in self.rows:
+            v = as_float(r.get(key))
+            if v is not None:
+                steps.append(int(r["step"]) + 1)  # plotted as "after step N", as the console counts
+                values.append(v)
+        return steps, values
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted({k for r in self.rows for k in r if k.startswith(prefix)})
+
+
+def as_float(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)  # "nan", "inf" as MetricsLogger writes them
+        except ValueError:
+            return None
+    return None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):  # the last line of a run killed mid-write may be torn: skip it
+                continue
+            raise ReportError(f"{path}:{n}: not JSON") from None
+    return rows
+
+
+def load_run(run_dir: str | Path) -> Run:
+    path = Path(run_dir)
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ReportError(f"{path}: no metrics.jsonl (is this a run directory? `rlsys train --run-dir` makes one)")
+    rows = [r for r in _read_jsonl(metrics) if isinstance(r, dict) and "step" in r]
+    if not rows:
+        raise ReportError(f"{metrics}: no steps logged yet")
+    evals = _read_jsonl(path / "eval.jsonl") if (path / "eval.jsonl").is_file() else []
+    config: dict[str, Any] = {}
+    if (path / "config.resolved.toml").is_file():
+        with (path / "config.resolved.toml").open("rb") as f:
+            config = tomllib.load(f)
+    return Run(path=path, rows=rows, evals=evals, config=config)
+
+
+# --- the summary ------------------------------------------------------------------------------------
+def _mean(xs: list[float]) -> float | None:
+    finite = [x for x in xs if math.isfinite(x)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
+    """Everything the printed report shows, as plain data (tested without printing)."""
+    steps, rewards = run.series("rollout/rewards_mean")
+    out: dict[str, Any] = {
+        "run_dir": str(run.path), "steps": len(run.rows),
+        "first_step": int(run.rows[0]["step"]) + 1, "last_step": int(run.rows[-1]["step"]) + 1,
+        "algo": run.config.get("algo", {}).get("name"), "model": run.config.get("model", {}).get("ckpt"),
+        "window": window,
+    }
+    finite = [(s, r) for s, r in zip(steps, rewards) if math.isfinite(r)]
+    if finite and out["algo"] != "sft":  # SFT episodes carry no reward (logged as 0.0)
+        best_step, best = max(finite, key=lambda sr: sr[1])
+        out["reward"] = {"best": best, "best_step": best_step, "last": finite[-1][1], "last_step": finite[-1][0],
+                         "first_window_mean": _mean([r for _, r in finite[:window]]),
+                         "last_window_mean": _mean([r for _, r in finite[-window:]])}
+    first, last = run.rows[:window], run.rows[-window:]
+    error_keys = [] if out["algo"] == "sft" else run.keys("error/")  # SFT examples carry no outcome
+    out["errors"] = {
+        key.removeprefix("error/"): {
+            "first": _mean([v for r in first if (v := as_float(r.get(key))) is not None] or [0.0]),
+            "last": _mean([v for r in last if (v := as_float(r.get(key))) is not None] or [0.0])}
+        for key in error_keys}
+    times = {}
+    for key in [f"time/{p}" for p in PHASES] + [k for k in run.keys("time/") if k.removeprefix("time/") not in PHASES]:
+        _, values = run.series(key)
+        if values:
+            times[key.removeprefix("time/")] = _mean(values)
+    out["time_mean_s"] = times
+    for key in ("perf/tokens_per_s", "rollout/response_len_mean", "train/loss", "train/logp_diff_mean",
+                "sync/canary_logp_diff"):
+        _, values = run.series(key)
+        if values:
+            out.setdefault("means", {})[key] = _mean(values)
+            out.setdefault("lasts", {})[key] = values[-1]
+    out["evals"] = [{"step": e.get("step"), "tag": e.get("tag"),
+                     **{k.removeprefix("eval/"): as_float(e.get(k)) for k in EVAL_KEYS if k in e}}
+                    for e in run.evals]
+    return out
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    lines = [f"rlsys report: {s['run_dir']}"]
+    what = ", ".join(filter(None, [s.get("algo") and f"algo {s['algo']}", s.get("model") and f"model {s['model']}"]))
+    lines.append(f"  {s['steps']} steps logged (step {s['first_step']} to {s['last_step']})" + (f"; {what}" if what else ""))
+    r = s.get("reward")
+    if r:
+        lines.append(f"  reward       best {r['best']:.3f} (step {r['best_step']}), last {r['last']:.3f} (step {r['last_step']});"
+                     f" mean first {s['window']} {_fmt(r['first_window_mean'])} -> last {s['window']} {_fmt(r['last_window_mean'])}")
+    elif s.get("algo") == "sft":
+        lines.append("  reward       n/a (SFT has no reward; see the loss)")
+    else:
+        lines.append("  reward       none logged (every trajectory failed)")
+    means, lasts = s.get("means", {}), s.get("lasts", {})
+    for key, label, spec in (("rollout/response_len_mean", "response len", ".1f"), ("train/loss", "loss", ".4f"),
+                             ("train/logp_diff_mean", "|dlogp|", ".2e"), ("perf/tokens_per_s", "tokens/s", ".0f")):
+        if key in means:
+            lines.append(f"  {label:<12} mean {_fmt(means[key], spec)}, last {_fmt(lasts[key], spec)}")
+    if s["errors"]:
+        lines.append(f"  error table (fraction of trajectories)   first {s['window']}   last {s['window']}   change")
+        for label, v in sorted(s["errors"].items(), key=lambda kv: _label_order(kv[0])):
+            lines.append(f"    {label:<36} {v['first']:>8.3f}  {v['last']:>8.3f}  {v['last'] - v['first']:>+7.3f}")
+    if s["time_mean_s"]:
+        step = s["time_mean_s"].get("step")
+        lines.append("  time per step, mean (s)" + (f": {step:.2f} in all" if step else ""))
+        for phase, t in s["time_mean_s"].items():
+            if phase != "step":
+                share = f" ({t / step:.0%})" if step else ""
+                lines.append(f"    {phase:<12} {t:>8.3f}{share}")
+    if s["evals"]:
+        lines.append("  held-out eval")
+        for e in s["evals"]:
+            rates = "  ".join(f"{k} {v:.3f}" for k, v in e.items() if k not in ("step", "tag") and v is not None)
+            lines.append(f"    after step {e['step']} [{e['tag']}]: {rates}")
+    else:
+        lines.append("  held-out eval: none in this run (eval.at_end / eval.every, or `rlsys eval --ckpt RUN_DIR`)")
+    return "\n".join(lines)
+
+
+def _label_order(label: str) -> tuple[int, str]:
+    from rlsys.envs.tictactoe.game import OUTCOMES
+
+    return (OUTCOMES.index(label) if label in OUTCOMES else len(OUTCOMES), label)
+
+
+# --- plots ------------------------------------------------------------------------------------------
+def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path], list[str]]:
+    """PNG plots into ``out_dir`` (default RUN_DIR/plots); returns (written files, skipped plots with why)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir) if out_dir else run.path / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    title = run.path.resolve().name
+    written, skipped = [], []
+
+    from matplotlib.ticker import MaxNLocator
+
+    def save(fig, name: str) -> None:
+        for ax in fig.axes:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(out / name)
+
+    # reward: mean, +-std band, min/max band, held-out eval points
+    steps, mean = run.series("rollout/rewards_mean")
+    if run.config.get("algo", {}).get("name") == "sft":
+        skipped.append("reward.png: SFT has no reward")
+    elif steps:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        lo_s, lo = run.series("rollout/rewards_min")
+        hi_s, hi = run.series("rollout/rewards_max")
+        sd_s, sd = run.series("rollout/rewards_std")
+        if sd_s == steps:
+            low, high = [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)]
+            if lo_s == steps and hi_s == steps:  # the band never leaves the rewards actually seen
+                low, high = [max(a, b) for a, b in zip(low, lo)], [min(a, b) for a, b in zip(high, hi)]
+            ax.fill_between(steps, low, high, color="tab:blue", alpha=0.15, label="rollout mean ± std")
+        ax.plot(steps, mean, color="tab:blue", lw=0.8, alpha=0.6 if len(steps) >= 20 else 1.0,
+                marker="o" if len(steps) < 30 else None, ms=3, label="rollout mean")
+        if len(steps) >= 20:  # a batch is a few dozen episodes: the trend needs smoothing to be seen
+            k = max(5, len(steps) // 10)
+            smooth = [sum(mean[max(0, i - k + 1): i + 1]) / len(mean[max(0, i - k + 1): i + 1]) for i in range(len(mean))]
+            ax.plot(steps, smooth, color="navy", lw=2, label=f"rollout mean, {k}-step average")
+        ev = [(e["step"], as_float(e.get("eval/rewards_mean"))) for e in run.evals]
+        ev = [(s, v) for s, v in ev if v is not None]
+        if ev:
+            greedy = not run.config.get("eval", {}).get("temperature", 0.0)
+            ax.plot([s for s, _ in ev], [v for _, v in ev], "s", color="tab:red",
+                    label="held-out eval" + (" (greedy)" if greedy else ""))
+        ax.set(xlabel="step", ylabel="reward", title=f"reward: {title}")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+        save(fig, "reward.png")
+    else:
+        skipped.append("reward.png: no rollout/rewards_mean")
+
+    steps, values = run.series("rollout/response_len_mean")
+    if steps:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(steps, values, color="tab:green")
+        ax.set(xlabel="step", ylabel="tokens", title=f"response length (mean sampled tokens): {title}")
+        ax.grid(alpha=0.3)
+        save(fig, "response_len.png")
+    else:
+        skipped.append("response_len.png: no rollout/response_len_mean")
+
+    steps, values = run.series("train/loss")
+    if steps:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(steps, values, color="tab:purple")
+        ax.set(xlabel="step", ylabel="loss", title=f"train/loss: {title}")
+        ax.grid(alpha=0.3)
+        save(fig, "loss.png")
+    else:
+        skipped.append("loss.png: no train/loss")
+
+    series = {k: run.series(k) for k in ("train/logp_diff_mean", "train/logp_diff_max", "sync/canary_logp_diff")}
+    series = {k: v for k, v in series.items() if v[0]}
+    if series:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for key, (s, v) in series.items():
+            ax.plot(s, [max(x, 1e-12) for x in v], label=key)
+        ax.set_yscale("log")
+        ax.set(xlabel="step", ylabel="|logp engine - logp learner|", title=f"stale-weights alarm: {title}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+        save(fig, "logp_diff.png")
+    else:
+        skipped.append("logp_diff.png: no train/logp_diff_mean (SFT runs log none)")
+
+    phases = [(p, run.series(f"time/{p}")) for p in PHASES]
+    phases = [(p, sv) for p, sv in phases if sv[0]]
+    total_steps, total = run.series("time/step")
+    if phases or total_steps:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if phases and all(sv[0] == phases[0][1][0] for _, sv in phases):
+            ax.stackplot(phases[0][1][0], *[sv[1] for _, sv in phases], labels=[p for p, _ in phases], alpha=0.8)
+        if total_steps:
+            ax.plot(total_steps, total, color="black", lw=1, label="step (all)")
+        ax.set(xlabel="step", ylabel="seconds", title=f"time per step: {title}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", ncol=4)
+        save(fig, "step_time.png")
+    else:
+        skipped.append("step_time.png: no time/* metrics")
+
+    errors = run.keys("error/") if run.config.get("algo", {}).get("name") != "sft" else []
+    errors.sort(key=lambda k: _label_order(k.removeprefix("error/")))
+    if errors:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        x = [int(r["step"]) + 1 for r in run.rows]
+        ys = [[as_float(r.get(k)) or 0.0 for r in run.rows] for k in errors]
+        keep = [(k, y) for k, y in zip(errors, ys) if any(y)]
+        if keep:
+            labels = [k.removeprefix("error/") for k, _ in keep]
+            colors = [ERROR_COLORS.get(lab, f"C{i}") for i, lab in enumerate(labels)]
+            ax.stackplot(x, *[y for _, y in keep], labels=labels, colors=colors, alpha=0.85)
+        ax.set(xlabel="step", ylabel="fraction of trajectories", ylim=(0, 1), title=f"error table: {title}")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        save(fig, "errors.png")
+    return written, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rlsys report", description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (has metrics.jsonl)")
+    p.add_argument("--window", type=int, default=10, help="steps averaged at the start and the end (default 10)")
+    p.add_argument("--no-plots", action="store_true", help="print the summary only")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = p.parse_args(argv)
+    if args.window < 1:
+        p.error("--window must be at least 1")
+    try:
+        run = load_run(args.run_dir)
+    except (ReportError, OSError, tomllib.TOMLDecodeError) as err:
+        print(f"rlsys report: {err}", file=sys.stderr)
+        return 2
+    summary = summarize_run(run, args.window)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(format_summary(summary))
+    if not args.no_plots:
+        written, skipped = write_plots(run)
+        stream = sys.stderr if args.json else sys.stdout
+        where = written[0].parent if written else Path(args.run_dir) / "plots"
+        print(f"  plots in {where}/: {', '.join(w.name for w in written) or 'none'}", file=stream)
+        for s in skipped:
+            print(f"  (skipped {s})", file=stream)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

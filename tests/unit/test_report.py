@@ -1,0 +1,86 @@
+"""`rlsys report`: summary numbers from a synthetic run directory, PNG plots, and clear refusals."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlsys.report import load_run, main, summarize_run, write_plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make_run(root: Path, steps: int = 24, with_eval: bool = True, torn_tail: bool = False) -> Path:
+    """A run directory as `rlsys train` writes it: rewards climb from -1.0 by 0.05 a step, occupied squares give
+    way to optimal moves, the canary logp diff is a string "nan" at one step (as MetricsLogger writes it)."""
+    root.mkdir(parents=True)
+    lines = []
+    for step in range(steps):
+        reward = -1.0 + 0.05 * step
+        occupied = max(0.0, 1.0 - step / 20)
+        lines.append(json.dumps({
+            "step": step, "rollout/rewards_mean": reward, "rollout/rewards_std": 0.2, "rollout/rewards_min": reward - 0.5,
+            "rollout/rewards_max": reward + 0.5, "rollout/response_len_mean": 20.0 + step,
+            "error/occupied": occupied, "error/optimal": 1.0 - occupied, "error/no_tool_call": 0.0,
+            "train/loss": 0.1, "train/logp_diff_mean": "nan" if step == 3 else 1e-7 * (step + 1),
+            "time/rollout": 2.0, "time/train": 1.0, "time/sync": 0.5, "time/step": 4.0, "perf/tokens_per_s": 100.0,
+        }))
+    text = "\n".join(lines) + "\n" + ('{"step": 24, "rollout/rew' if torn_tail else "")
+    (root / "metrics.jsonl").write_text(text)
+    (root / "config.resolved.toml").write_text('[algo]\nname = "gspo"\n[model]\nckpt = "rlsys:tiny"\n')
+    if with_eval:
+        (root / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+            {"step": 0, "tag": "start", "eval/rewards_mean": -0.9, "eval/legal_move_rate": 0.1, "eval/valid_call_rate": 1.0},
+            {"step": steps, "tag": "end", "eval/rewards_mean": 0.2, "eval/legal_move_rate": 0.7, "eval/valid_call_rate": 1.0},
+        ]))
+    return root
+
+
+def test_summary_numbers(tmp_path):
+    s = summarize_run(load_run(make_run(tmp_path / "run")), window=10)
+    assert (s["steps"], s["first_step"], s["last_step"], s["algo"]) == (24, 1, 24, "gspo")
+    r = s["reward"]
+    assert r["best"] == pytest.approx(0.15) and r["best_step"] == 24 and r["last"] == pytest.approx(0.15)
+    assert r["first_window_mean"] == pytest.approx(-1.0 + 0.05 * 4.5)  # steps 0..9
+    assert r["last_window_mean"] == pytest.approx(-1.0 + 0.05 * 18.5)  # steps 14..23
+    assert s["errors"]["occupied"]["first"] == pytest.approx(sum(1 - k / 20 for k in range(10)) / 10)
+    assert s["errors"]["occupied"]["last"] == pytest.approx(sum(max(0, 1 - k / 20) for k in range(14, 24)) / 10)
+    assert s["time_mean_s"] == {"rollout": 2.0, "train": 1.0, "sync": 0.5, "step": 4.0}
+    # the "nan" string is read back as a float and left out of the mean, not a crash
+    assert s["means"]["train/logp_diff_mean"] == pytest.approx(sum(1e-7 * (k + 1) for k in range(24) if k != 3) / 23)
+    assert [e["tag"] for e in s["evals"]] == ["start", "end"] and s["evals"][1]["legal_move_rate"] == 0.7
+
+
+def test_printed_report_and_plots(tmp_path, capsys):
+    run = make_run(tmp_path / "run", torn_tail=True)  # a torn last line (a run killed mid-write) is skipped
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    for needle in ("24 steps logged", "best 0.150 (step 24)", "occupied", "time per step, mean (s): 4.00",
+                   "rollout         2.000 (50%)", "after step 24 [end]", "legal_move_rate 0.700"):
+        assert needle in out, needle
+    for name in ("reward.png", "response_len.png", "loss.png", "logp_diff.png", "step_time.png", "errors.png"):
+        png = run / "plots" / name
+        assert png.read_bytes()[:8] == PNG_MAGIC, name
+        assert png.stat().st_size > 5_000, f"{name} looks empty"
+
+
+def test_sft_run_without_logp_diff_skips_that_plot_and_says_so(tmp_path):
+    run = tmp_path / "sft"
+    run.mkdir()
+    (run / "config.resolved.toml").write_text('[algo]\nname = "sft"\n')
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "train/loss": 1.0 / (k + 1), "time/step": 1.0,
+                                                           "rollout/response_len_mean": 20.0}) + "\n" for k in range(5)))
+    written, skipped = write_plots(load_run(run))
+    assert {p.name for p in written} == {"response_len.png", "loss.png", "step_time.png"}
+    assert any(s.startswith("logp_diff.png") for s in skipped) and "reward.png: SFT has no reward" in skipped
+    assert summarize_run(load_run(run))["algo"] == "sft" and "reward" not in summarize_run(load_run(run))
+
+
+def test_not_a_run_directory_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlsys report:") and "no metrics.jsonl" in err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\nnot json\n{"step": 1}\n')
+    assert main([str(tmp_path), "--no-plots"]) == 2
+    assert "metrics.jsonl:2: not JSON" in capsys.readouterr().err
