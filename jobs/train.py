@@ -77,7 +77,7 @@ def run_training(cfg: Config) -> Path:
 class StopRequest:
     """SIGTERM/SIGINT set a flag the loop checks between steps, so a stop checkpoints a consistent state
     instead of dying mid-update; a second signal stops at once. (`ray job stop` sends SIGKILL ~3 s after
-    SIGTERM: raise RAY_JOB_STOP_SIGNAL_TIMEOUT_S on the cluster when steps are longer than that.)"""
+    SIGTERM: raise RAY_JOB_STOP_WAIT_TIME_S on the cluster when steps are longer than that.)"""
 
     def __init__(self) -> None:
         self.requested: str | None = None

@@ -32,7 +32,9 @@ def _free_port() -> int:
 def ray_head():
     if not RAY.exists():
         pytest.skip(f"no ray CLI next to {sys.executable}")
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    # RAY_JOB_STOP_WAIT_TIME_S: how long `ray job stop` waits after SIGTERM before SIGKILL (default 3 s),
+    # read by the head's job supervisor: room for the driver to finish its step and checkpoint
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_JOB_STOP_WAIT_TIME_S": "120"}
     env.pop("RAY_ADDRESS", None)
     gcs_port, dash_port = _free_port(), _free_port()
     head = subprocess.Popen(
@@ -59,30 +61,59 @@ def ray_head():
         os.killpg(head.pid, signal.SIGKILL)
 
 
-def test_ray_job_submit_runs_the_driver_to_success(ray_head, tmp_path):
-    address, env = ray_head
-    run_dir = tmp_path / "run"
-    argv = [str(RAY), "job", "submit", "--address", address, "--no-wait", "--working-dir", str(REPO),
-            "--submission-id", f"rlsys-test-{os.getpid()}", "--",
-            sys.executable, "-m", "jobs.train", "--config", "configs/tictactoe-tiny-cpu.toml", "--max-steps", "1",
-            "--run-dir", str(run_dir), "logging.progress=false"]
+def _ray(env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(RAY), *args], env=env, capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def _submit(address: str, env: dict, job_id: str, run_dir, max_steps: int) -> None:
+    argv = ["job", "submit", "--address", address, "--no-wait", "--working-dir", str(REPO), "--submission-id",
+            job_id, "--", sys.executable, "-m", "jobs.train", "--config", "configs/tictactoe-tiny-cpu.toml",
+            "--max-steps", str(max_steps), "--run-dir", str(run_dir), "logging.progress=false"]
     for _ in range(30):  # the head's job agent registers a few seconds after the dashboard answers
-        submit = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO, timeout=120)
+        submit = _ray(env, *argv)
         if "No available agent" not in submit.stdout + submit.stderr:
             break
         time.sleep(2)
     assert submit.returncode == 0, submit.stdout + submit.stderr
-    job_id = f"rlsys-test-{os.getpid()}"
-    deadline = time.monotonic() + 300
+
+
+def _wait(address: str, env: dict, job_id: str, until: tuple[str, ...], timeout_s: float = 300) -> str:
+    deadline = time.monotonic() + timeout_s
     status = ""
     while time.monotonic() < deadline:
-        status = subprocess.run([str(RAY), "job", "status", "--address", address, job_id],
-                                env=env, capture_output=True, text=True).stdout.lower()
-        if any(f"job '{job_id}' {s}" in status for s in ("succeeded", "failed", "stopped")):
+        status = _ray(env, "job", "status", "--address", address, job_id).stdout.lower()
+        if any(f"job '{job_id}' {s}" in status for s in until):
             break
-        time.sleep(2)
-    logs = subprocess.run([str(RAY), "job", "logs", "--address", address, job_id],
-                          env=env, capture_output=True, text=True).stdout
+        time.sleep(1)
+    return status
+
+
+def test_ray_job_submit_runs_the_driver_to_success(ray_head, tmp_path):
+    address, env = ray_head
+    run_dir, job_id = tmp_path / "run", f"rlsys-ok-{os.getpid()}"
+    _submit(address, env, job_id, run_dir, max_steps=1)
+    status = _wait(address, env, job_id, ("succeeded", "failed", "stopped"))
+    logs = _ray(env, "job", "logs", "--address", address, job_id).stdout
     assert f"job '{job_id}' succeeded" in status, f"{status}\n--- job logs ---\n{logs}"
     assert "step 1/1" in logs
     assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "checkpoints" / "latest").is_file()
+
+
+def test_ray_job_stop_checkpoints_before_the_driver_exits(ray_head, tmp_path):
+    from rlsys.checkpoint import find_resume, read_trainer_state
+
+    address, env = ray_head
+    run_dir, job_id = tmp_path / "run", f"rlsys-stop-{os.getpid()}"
+    _submit(address, env, job_id, run_dir, max_steps=10_000)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text().strip():
+        assert time.monotonic() < deadline, _ray(env, "job", "logs", "--address", address, job_id).stdout
+        time.sleep(1)
+    stop = _ray(env, "job", "stop", "--address", address, job_id)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    status = _wait(address, env, job_id, ("stopped", "failed", "succeeded"))
+    logs = _ray(env, "job", "logs", "--address", address, job_id).stdout
+    assert f"job '{job_id}' was stopped" in status or f"job '{job_id}' stopped" in status, status
+    assert "stopped by SIGTERM" in logs, logs[-3000:]
+    ckpt = find_resume("auto", run_dir / "checkpoints")
+    assert ckpt is not None and read_trainer_state(ckpt)["step"] >= 1
