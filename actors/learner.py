@@ -38,8 +38,9 @@ class _Row:
     """One training sequence: a segment of a trajectory and the trajectory's advantage."""
 
     segment: Segment
-    advantage: float
+    advantage: float  # the trajectory's advantage, divided among its segments (see `_policy_rows`)
     group: int
+    weight: float = 1.0  # 1 / number of training segments of its trajectory
 
 
 def pick_device() -> torch.device:
@@ -198,17 +199,18 @@ class Learner:
         groups = torch.tensor([t.group for t in trajs], dtype=torch.long)  # (N,)
         valid = torch.tensor([not t.failed and t.response_len > 0 for t in trajs], dtype=torch.bool)  # (N,)
         adv, metrics = group_advantages(rewards, groups, valid, eps=self.cfg.algo.adv_eps)
-        rows = [
-            _Row(seg, float(adv[i]), trajs[i].group)
-            for i in range(len(trajs)) if bool(valid[i])
-            for seg in trajs[i].segments if seg.num_sampled
-        ]
+        # A multi-turn trajectory that broke into k segments is k rows: each carries A/k and weight 1/k, so
+        # the trajectory counts once in the loss (scaling A by w > 0 commutes with GSPO's min/clip).
+        rows = []
+        for i, t in enumerate(trajs):
+            segments = [seg for seg in t.segments if seg.num_sampled] if bool(valid[i]) else []
+            rows += [_Row(seg, float(adv[i]) / len(segments), t.group, 1.0 / len(segments)) for seg in segments]
         return rows, metrics
 
     def _minibatch(self, chunk: list[_Row], logp_old: dict[int, torch.Tensor] | None, first: bool) -> dict[str, float]:
         """Forward/backward over micro-batches of one optimizer step; returns averaged metrics + grad norm."""
         algo = self.cfg.algo.name
-        normalizer = float(len(chunk))
+        normalizer = sum(r.weight for r in chunk)  # trajectories, whatever their number of segments
         if algo == "grpo":  # token-mean over the whole minibatch
             normalizer = float(sum(r.segment.num_sampled for r in chunk))
         local = chunk[self.rank :: self.world_size]  # this rank's share; normalisers count the whole chunk

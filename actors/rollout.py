@@ -132,7 +132,7 @@ class RolloutWorker:
         return {n: t.detach().cpu().clone() for n, t in self.engine.named_weights()}
 
     async def stats(self) -> dict[str, Any]:
-        return {"sessions": self.recorder.stats(), "pid": os.getpid()}
+        return {"sessions": self.recorder.stats, "pid": os.getpid()}
 
     async def shutdown(self) -> None:
         if self.server is not None:

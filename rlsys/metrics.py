@@ -64,7 +64,10 @@ def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iter
         out["rollout/rewards_min"] = min(rewards)
         out["rollout/response_len_mean"] = sum(s.response_len for s in valid) / len(valid)
         out["rollout/num_turns_mean"] = sum(s.num_turns for s in valid) / len(valid)
-        out["rollout/segment_breaks"] = float(sum(s.segment_breaks for s in valid))
+    # turns that did not extend their session's tokens (re-tokenisation drift, edited history): a new segment
+    breaks = sum(s.segment_breaks for s in summaries)
+    out["rollout/segment_breaks"] = float(breaks)
+    out["rollout/segment_break_rate"] = breaks / max(1, sum(max(s.num_turns - 1, 0) for s in summaries))
     counts = Counter(failure_kind(s.fail_reason) if s.failed else (s.outcome or "unlabelled") for s in summaries)
     for label in outcome_labels:
         counts.setdefault(label, 0)

@@ -355,7 +355,8 @@ def _sampling_params(req: ChatCompletionRequest, defaults: SamplingParams, stop_
         room = max_model_len - prompt_len
         if room < 1:
             raise RequestError("messages", f"the prompt is {prompt_len} tokens; the model's context is "
-                                           f"{max_model_len} tokens, which leaves no room to generate")
+                                           f"{max_model_len} tokens, which leaves no room to generate",
+                               code="context_length_exceeded")  # OpenAI's code: agents can stop on it
         max_new = min(max_new, room)
     return SamplingParams(
         max_new_tokens=max_new,

@@ -65,3 +65,18 @@ def test_canary_catches_wrong_and_missing_engine_weights(ray_local, tmp_path, ti
             job.weights.check_canary()
     finally:
         job.shutdown()
+
+
+def test_a_trajectory_split_into_segments_counts_once(tmp_path, tiny_model_path):
+    from actors.learner import Learner
+
+    trajs = _trajectories()
+    first = trajs[0].segments[0]
+    trajs[0].segments.append(Segment(input_ids=first.input_ids + [11], loss_mask=[0] * 6 + [1],
+                                     rollout_logprobs=[0.0] * 6 + [-1.0]))  # a turn that broke the prefix
+    rows, _ = Learner(job_config(tmp_path), tiny_model_path)._policy_rows(trajs)
+    assert len(rows) == 5 and sum(r.weight for r in rows) == pytest.approx(4.0)
+    split = [r for r in rows if r.group == 0 and r.weight == 0.5]
+    assert len(split) == 2 and split[0].advantage == split[1].advantage
+    whole = [r.advantage for r in rows if r.weight == 1.0]
+    assert sum(r.advantage for r in split) + sum(whole) == pytest.approx(0.0, abs=1e-5)  # group mean 0

@@ -1,0 +1,61 @@
+"""What a multi-turn agent keeps of each proxy response, and the assistant message it sends back.
+
+Why this matters: the proxy records a session as ONE token sequence only when each new prompt starts
+with the previous prompt + the tokens the engine sampled (rlsys/proxy/sessions.py). The chat template
+re-renders the history on every request, so the agent must send the assistant message back exactly
+as the proxy returned it: the same `content` (None stays None, whitespace kept) and the same
+`tool_calls` with the same `arguments` JSON text, in the same order. `assistant_echo` does exactly
+that and nothing more. Even then the re-render differs from what was sampled in some cases the agent
+cannot repair; docs/results-multiturn.md lists them for the tiny model's Qwen2.5-style template
+(JSON spacing or key order inside a call, text around a call, a stop on <|endoftext|> instead of
+<|im_end|>, non-canonical BPE splits of plain text). The proxy then starts a new segment and counts a
+`segment_break`; nothing is trained on mismatched tokens.
+
+Used by both multi-turn environments (tictactoe_game, ledger). It belongs in a shared module
+(e.g. rlsys/envs/multiturn.py); it lives here because this is the first multi-turn environment.
+
+Turn record (one per chat completion, JSON-serialisable, what agents return and rewards replay):
+    {"content": str | None, "tool_calls": [{"id": str, "name": str, "arguments": str (JSON text)}],
+     "finish_reason": str, "tool_call_errors": [{"kind": str, "message": str}],
+     "completion_ids": [int], ("prompt_ids": [int] when asked for)}
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def turn_record(response: Any, *, keep_prompt_ids: bool = False) -> dict:
+    """The turn record of an `openai` ChatCompletion from the rlsys proxy (its `rlsys` extension field
+    carries the sampled ids and the parser's errors; another server gives empty lists there)."""
+    choice = response.choices[0]
+    message = choice.message
+    ext = (getattr(response, "model_extra", None) or {}).get("rlsys") or {}
+    record = {
+        "content": message.content,
+        "tool_calls": [
+            {"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
+            for call in message.tool_calls or []
+        ],
+        "finish_reason": choice.finish_reason,
+        "tool_call_errors": [{"kind": e.get("kind", ""), "message": e.get("message", "")}
+                             for e in ext.get("tool_call_errors") or []],
+        "completion_ids": list(ext.get("completion_ids") or []),
+    }
+    if keep_prompt_ids:
+        record["prompt_ids"] = list(ext.get("prompt_ids") or [])
+    return record
+
+
+def assistant_echo(turn: dict) -> dict:
+    """The assistant message for the next request: content and tool calls exactly as returned."""
+    message: dict[str, Any] = {"role": "assistant", "content": turn["content"]}
+    if turn["tool_calls"]:
+        message["tool_calls"] = [
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+            for call in turn["tool_calls"]
+        ]
+    return message
+
+
+def tool_message(call_id: str, content: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
