@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.algos.logprobs import masked_mean
+from rlsys.algos.logprobs import check_policy_loss_inputs, masked_mean
 
 _MAX_LOG_RATIO = 20.0
 
@@ -64,15 +64,7 @@ def grpo_loss(
     normalizer: float | None = None,  # masked tokens in the whole optimizer batch; default: this one's
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar token-level GRPO loss (to minimise) and float metrics over this micro-batch."""
-    if logp_old.shape != logp_new.shape or loss_mask.shape != logp_new.shape:
-        raise ValueError(
-            f"grpo_loss: logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)} and "
-            f"loss_mask {tuple(loss_mask.shape)} must all be (B, T)"
-        )
-    if advantages.shape != logp_new.shape[:1]:
-        raise ValueError(f"grpo_loss: advantages {tuple(advantages.shape)} must be (B,)")
-    if normalizer is not None and normalizer <= 0:
-        raise ValueError(f"grpo_loss: normalizer must be > 0, got {normalizer}")
+    check_policy_loss_inputs("grpo_loss", logp_new, logp_old, advantages, loss_mask, normalizer)
     mask = loss_mask.bool()  # (B, T)
     logp_old = logp_old.detach()
     adv = advantages.detach().to(logp_new.dtype)[:, None]  # (B, 1)

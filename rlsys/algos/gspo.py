@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.algos.logprobs import masked_mean
+from rlsys.algos.logprobs import check_policy_loss_inputs, masked_mean
 
 _MAX_LOG_RATIO = 20.0
 
@@ -72,15 +72,7 @@ def gspo_loss(
     normalizer: float | None = None,  # sequences in the whole optimizer batch; default: this one's
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar GSPO loss (to minimise) and float metrics over this micro-batch."""
-    if logp_old.shape != logp_new.shape or loss_mask.shape != logp_new.shape:
-        raise ValueError(
-            f"gspo_loss: logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)} and "
-            f"loss_mask {tuple(loss_mask.shape)} must all be (B, T)"
-        )
-    if advantages.shape != logp_new.shape[:1]:
-        raise ValueError(f"gspo_loss: advantages {tuple(advantages.shape)} must be (B,)")
-    if normalizer is not None and normalizer <= 0:
-        raise ValueError(f"gspo_loss: normalizer must be > 0, got {normalizer}")
+    check_policy_loss_inputs("gspo_loss", logp_new, logp_old, advantages, loss_mask, normalizer)
     mask = loss_mask.bool()  # (B, T)
     seq_valid = mask.sum(-1) > 0  # (B,)
     logp_old = logp_old.detach()

@@ -110,3 +110,23 @@ def masked_mean(
     if dim is None:
         return total.sum() / m.sum().clamp(min=1)
     return total.sum(dim) / m.sum(dim).clamp(min=1)
+
+
+def check_policy_loss_inputs(
+    loss: str,
+    logp_new: torch.Tensor,  # (B, T)
+    logp_old: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B,)
+    loss_mask: torch.Tensor,  # (B, T)
+    normalizer: float | None,
+) -> None:
+    """The shape and normaliser checks every policy loss starts with; ValueError names ``loss``."""
+    if logp_old.shape != logp_new.shape or loss_mask.shape != logp_new.shape:
+        raise ValueError(
+            f"{loss}: logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)} and "
+            f"loss_mask {tuple(loss_mask.shape)} must all be (B, T)"
+        )
+    if advantages.shape != logp_new.shape[:1]:
+        raise ValueError(f"{loss}: advantages {tuple(advantages.shape)} must be (B,)")
+    if normalizer is not None and normalizer <= 0:
+        raise ValueError(f"{loss}: normalizer must be > 0, got {normalizer}")

@@ -43,6 +43,16 @@ class GenerateOutput:
     extra: dict = field(default_factory=dict)
 
 
+def checked_token_ids(ids: list[int], vocab_size: int, what: str) -> list[int]:
+    """``ids`` as ints, or ValueError naming the ids outside [0, vocab_size): a bad request fails alone
+    instead of poisoning the batch it would join."""
+    ids = [int(i) for i in ids]
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"{what}: ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
 class Engine(ABC):
     """Async generation over token ids, with the weight and memory controls RL needs."""
 

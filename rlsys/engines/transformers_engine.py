@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+from rlsys.engines.base import Engine, GenerateOutput, SamplingParams, checked_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -245,11 +245,7 @@ class TransformersEngine(Engine):
             raise RuntimeError(f"engine is asleep ({sorted(self._sleeping)}); call wake() first")
 
     def _checked_ids(self, ids: list[int], what: str) -> list[int]:
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"{what}: ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        return ids
+        return checked_token_ids(ids, self.vocab_size, what)
 
     # ------------------------------------------------------------------ batching (event loop side)
 
