@@ -37,10 +37,15 @@ def ray_head():
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_JOB_STOP_WAIT_TIME_S": "120"}
     env.pop("RAY_ADDRESS", None)
     gcs_port, dash_port = _free_port(), _free_port()
+    # Every port of this head is a free one: another Ray on the machine (the suite's local cluster, a user's)
+    # holds the fixed defaults, e.g. the dashboard agent's 52365, and a head whose job agent cannot bind
+    # answers every submit with "No available agent to submit job".
+    agent_ports = [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+                   f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
     head = subprocess.Popen(
         [str(RAY), "start", "--head", "--block", f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
-         "--num-cpus=2", "--disable-usage-stats"],
+         *agent_ports, "--num-cpus=2", "--disable-usage-stats"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     address = f"http://127.0.0.1:{dash_port}"
