@@ -72,15 +72,6 @@ def _run_report(argv: list[str]) -> int:
 PASSTHROUGH.update({"eval": _run_eval, "play": _run_play, "check": _run_check, "report": _run_report})
 
 
-def _run_recipe(argv: list[str]) -> int:
-    from jobs import recipe
-
-    return recipe.main(argv) or 0
-
-
-PASSTHROUGH["recipe"] = _run_recipe
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlsys", description="Agentic RL post-training: rollouts through an OpenAI-compatible proxy, GSPO learner."
@@ -102,7 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("play", help="play tic-tac-toe against a checkpoint in the browser (127.0.0.1)")
     sub.add_parser("check", help="what this machine has (Python, torch, CUDA, vLLM, Ray) and what a job would use")
     sub.add_parser("report", help="summary and PNG plots of a run directory")
-    sub.add_parser("recipe", help="run stage configs in sequence (SFT, then GSPO) and summarise; see `rlsys recipe --help`")
     return parser
 
 
