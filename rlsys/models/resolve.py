@@ -2,6 +2,7 @@
 
 - `rlsys:tiny`: the embedded tiny model, built once and cached (rlsys/models/tiny.py);
 - a local folder with config.json: used as is;
+- a `.gguf` file: dequantized once into a cached Hugging Face folder (rlsys/models/gguf.py);
 - anything else that is not a local path: a Hugging Face hub id, left to transformers (needs network).
 """
 from __future__ import annotations
@@ -28,8 +29,10 @@ def resolve_model(ckpt: str) -> str:
         if not (path / "config.json").is_file():
             raise ModelSpecError(f"model.ckpt {ckpt!r}: folder has no config.json (not a Hugging Face model folder)")
         return str(path.resolve())
-    if path.suffix == ".gguf":
-        raise ModelSpecError(f"model.ckpt {ckpt!r}: .gguf files are not supported yet")
-    if path.exists() or ckpt.startswith((".", "/", "~")) or ckpt.count("/") > 1:
+    if path.suffix == ".gguf" and path.is_file():
+        from rlsys.models.gguf import ensure_gguf_folder
+
+        return str(ensure_gguf_folder(path))
+    if path.exists() or ckpt.startswith((".", "/", "~")) or ckpt.count("/") > 1 or path.suffix == ".gguf":
         raise ModelSpecError(f"model.ckpt {ckpt!r}: not found (expected a model folder, a .gguf file or a hub id)")
     return ckpt  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
