@@ -95,9 +95,11 @@ class Learner:
         self.cfg = cfg
         self.model_path = model_path
         self.device = pick_device()
-        self.dtype = resolve_dtype(cfg.model.dtype, self.device)
+        self.dtype = resolve_dtype(cfg.model.dtype, self.device)  # compute dtype (and the engine's)
+        # fp32 master weights: parameters and updates in float32, forward/backward under autocast
+        self.param_dtype = torch.float32 if cfg.learner.fp32_master else self.dtype
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=self.dtype, trust_remote_code=cfg.model.trust_remote_code
+            model_path, dtype=self.param_dtype, trust_remote_code=cfg.model.trust_remote_code
         ).to(self.device)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -153,9 +155,20 @@ class Learner:
         return float(flat[-1])
 
     # --- training ----------------------------------------------------------------------------
+    def autocast(self):
+        """Compute in `self.dtype` when the weights are fp32 masters of a 16-bit model; else a no-op."""
+        import contextlib
+
+        if self.param_dtype == self.dtype:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
     def train(self, trajectories: Sequence[Any]) -> dict[str, float]:
         """One rollout batch -> `n_minibatches` optimizer steps. Accepts Trajectory objects or ObjectRefs."""
-        trajs = _resolve(trajectories)
+        with self.autocast():
+            return self._train(_resolve(trajectories))
+
+    def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
         if self.cfg.algo.name == "sft":
             rows = [_Row(seg, 1.0, t.group) for t in trajs if not t.failed for seg in t.segments if seg.num_sampled]
             adv_metrics: dict[str, float] = {}
@@ -301,7 +314,8 @@ class Learner:
 
         named = list(self.model.named_parameters())
         if self._packer is None:
-            self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device)
+            cast = self.dtype if self.param_dtype != self.dtype else None  # fp32 master -> the engine's dtype
+            self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device, dtype=cast)
             self._fused_pack = FusedPack(self._packer, named)  # packs the first push itself
             buckets = self._fused_pack.buckets
         else:
@@ -327,7 +341,8 @@ class Learner:
         """Raw logprobs (C,) of a continuation under the current weights (the canary's reference)."""
         self.model.eval()
         ids = torch.tensor([prompt_ids + continuation_ids], device=self.device)
-        logits = self.model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+        with self.autocast():
+            logits = self.model(input_ids=ids, use_cache=False).logits[:, :-1].float()
         lp = token_logprobs(logits, ids[:, 1:])[0, len(prompt_ids) - 1 :]
         self.model.train()
         return lp.tolist()

@@ -303,19 +303,31 @@ class Job:
         """Held-out episodes at `eval.temperature` (greedy by default); metrics under `eval/`."""
         if not self.eval_items:
             return {}
+        variants = ["default"]
+        if self.cfg.eval.perturb:
+            from rlsys.envs.tictactoe.prompt import PERTURBATIONS
+
+            variants += list(PERTURBATIONS)
+        items = [item if v == "default" else {**item, "prompt_variant": v} for v in variants for item in self.eval_items]
+        n = self.cfg.eval.n_samples
         ray.get([r.set_temperature.remote(self.cfg.eval.temperature) for r in self.rollouts])
         try:
-            refs, summaries = self._episodes(self.eval_items, self.cfg.eval.n_samples, lambda w, p, item, g, s:
+            refs, summaries = self._episodes(items, n, lambda w, p, item, g, s:
                                               w.run_episode.options(num_returns=2).remote(
                                                   p, item, g, s, f"eval-{tag}-item{g}-sample{s}"))
         finally:
             ray.get([r.set_temperature.remote(None) for r in self.rollouts])
         del refs  # the driver keeps only the summaries
-        metrics = {f"eval/{k.split('/', 1)[1] if k.startswith('rollout/') else k}": v
-                   for k, v in rollout_metrics(summaries, self.outcome_labels).items()}
         summarize = getattr(sys.modules.get(self.reward_module, None), "summarize", None)
-        if summarize is not None:
-            metrics.update({f"eval/{k}": v for k, v in summarize([s.outcome for s in summaries]).items()})
+        per_item = len(self.eval_items) * n  # episodes of one variant, in submission order
+        metrics: dict[str, float] = {}
+        for k, v in enumerate(variants):
+            mine = summaries[k * per_item:(k + 1) * per_item]
+            prefix = "eval/" if v == "default" else f"eval/{v}/"
+            metrics.update({prefix + (key.split("/", 1)[1] if key.startswith("rollout/") else key): x
+                            for key, x in rollout_metrics(mine, self.outcome_labels).items()})
+            if summarize is not None:
+                metrics.update({prefix + key: x for key, x in summarize([s.outcome for s in mine]).items()})
         return metrics
 
     def _episodes(self, items: list[dict[str, Any]], n: int, submit) -> tuple[list[Any], list[TrajectorySummary]]:

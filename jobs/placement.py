@@ -81,7 +81,9 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
     learner = ray.remote(Learner).options(name="learner-0", num_cpus=0).remote(cfg, model_path, num_threads=threads)
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024).remote(
         cfg, model_path, api_token=token, num_threads=threads, transport="object_store")
-    return Placement(learners=[learner], rollouts=[rollout], sources=[0], canary_tol=FP32_CANARY_TOL)
+    half = cfg.model.dtype in ("bfloat16", "float16")  # "auto" is float32 on CPU
+    return Placement(learners=[learner], rollouts=[rollout], sources=[0],
+                     canary_tol=BF16_CANARY_TOL if half else FP32_CANARY_TOL)
 
 
 def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:

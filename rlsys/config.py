@@ -139,6 +139,11 @@ class LearnerConfig(_Section):
     """AdamW betas."""
     adam_8bit: bool = False
     """bitsandbytes AdamW8bit (needs CUDA and bitsandbytes; refused otherwise)."""
+    fp32_master: bool = False
+    """Keep the learner's weights (and so every optimizer update) in float32 and compute under bf16/fp16
+    autocast when `model.dtype` is 16-bit; pushes are cast to the engine's dtype. In bf16 an update smaller
+    than half a unit in the last place is rounded away (1e-5 on a weight of 0.02, whose ulp is 1.2e-4), so
+    small learning rates barely move bf16 weights."""
     max_grad_norm: float = Field(1.0, gt=0.0)
     """Gradient clipping; a non-finite norm skips the optimizer step."""
     mini_bs: int = Field(4, ge=1)
@@ -184,6 +189,9 @@ class EvalConfig(_Section):
     """Sampling temperature of evaluation episodes (0 = greedy)."""
     n_samples: int = Field(1, ge=1)
     """Episodes per held-out item."""
+    perturb: bool = False
+    """Also run every held-out item once per prompt perturbation of the built-in tic-tac-toe agent
+    (`item["prompt_variant"]`, see rlsys/envs/tictactoe/prompt.py); logged as `eval/<variant>/...`."""
 
 
 class LoggingConfig(_Section):

@@ -170,3 +170,28 @@ def test_run_directory_resolves_to_its_latest_checkpoint(tmp_path):
     assert resolve_ckpt(str(ckpts)) == str(ckpts / "step_000004")
     assert resolve_ckpt(str(ckpts / "step_000002")) == str(ckpts / "step_000002")
     assert resolve_ckpt("rlsys:tiny") == "rlsys:tiny"
+
+
+def test_in_job_eval_with_perturb_reports_every_variant(ray_local, fixed_model, tmp_path):
+    """`eval.perturb` in a training job: the default prompt under eval/*, each perturbation under
+    eval/<variant>/*, each over the same held-out boards (the fixed model plays 5 whatever the prompt)."""
+    from jobs.cluster import load_eval_items
+    from jobs.train import run_training
+    from rlsys.envs.tictactoe.prompt import PERTURBATIONS
+    from rlsys.metrics import read_metrics
+    from tests.conftest import job_config
+
+    n = 6
+    cfg = job_config(tmp_path, "eval.at_start=true", "eval.perturb=true", f"data.num_eval_items={n}",
+                     "rollout.max_new_tokens=32", max_steps="1", ckpt=str(fixed_model))
+    run_dir = run_training(cfg)
+    (row,) = read_metrics(run_dir / "eval.jsonl")
+    assert row["tag"] == "start"
+    boards = [it["board"] for it in load_eval_items(cfg)]
+    assert len(boards) == n
+    expected = _expected(boards)
+    assert row["eval/valid_call_rate"] == pytest.approx(1.0)
+    assert row["eval/legal_move_rate"] == pytest.approx(expected["legal_move_rate"])
+    for variant in PERTURBATIONS:
+        rate = row[f"eval/{variant}/valid_call_rate"]
+        assert 0.0 <= row[f"eval/{variant}/legal_move_rate"] <= rate <= 1.0, variant
