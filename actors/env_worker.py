@@ -5,6 +5,10 @@ Each episode gets a session id; the proxy records the episode's turns under it, 
 when the agent returns, so the learner trains on the exact tokens sampled. An agent that raises or runs
 past its timeout, or a reward that raises, hangs, or returns something that is not a finite number, marks
 the trajectory failed with the reason: counted in metrics, excluded from advantages, never scored 0.
+Popping ends the session's life in the proxy: a request the agent left in flight (a timeout) is dropped
+when it completes and counted in the proxy's `late_turns`, instead of leaving an orphan session or joining
+a retry of the episode. The trajectory carries the proxy's per-session counts of prompts built from ids
+(`prompt_from_ids`) and rendered in full (`re_rendered`).
 
 Returns are `(Trajectory, TrajectorySummary)` (Ray `num_returns=2`): the driver reads the summary and hands
 the trajectory's ObjectRef to the learner untouched.
@@ -63,6 +67,8 @@ class EnvWorker:
         traj.segments = record.segments
         traj.num_turns = record.num_turns
         traj.segment_breaks = record.segment_breaks
+        traj.prompt_from_ids = record.prompt_from_ids
+        traj.re_rendered = record.re_rendered
         if not traj.failed:
             await self._score(traj, item, output)
         if not traj.failed and traj.num_turns == 0:

@@ -70,6 +70,8 @@ class Trajectory:
     num_turns: int = 0
     segment_breaks: int = 0  # turns that did not extend the previous prefix and started a segment
     info: dict[str, Any] = field(default_factory=dict)
+    prompt_from_ids: int = 0  # turns whose prompt the proxy built from the previous turn's token ids
+    re_rendered: int = 0  # later turns whose prompt was a full chat-template render (history not echoed)
 
     @property
     def response_len(self) -> int:
@@ -90,6 +92,8 @@ class TrajectorySummary:
     response_len: int
     num_turns: int
     segment_breaks: int
+    prompt_from_ids: int = 0
+    re_rendered: int = 0
 
     @classmethod
     def of(cls, t: Trajectory) -> "TrajectorySummary":
@@ -104,4 +108,6 @@ class TrajectorySummary:
             response_len=t.response_len,
             num_turns=t.num_turns,
             segment_breaks=t.segment_breaks,
+            prompt_from_ids=t.prompt_from_ids,
+            re_rendered=t.re_rendered,
         )

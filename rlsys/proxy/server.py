@@ -15,10 +15,17 @@ OpenAPI routes are disabled. Client errors are 400 (or 401/404/405/413) with Ope
 server keeps serving.
 
 Choices worth knowing:
+- Within a session, a request that repeats the previous request's messages, then the assistant
+  message as returned, then new messages, gets its prompt from ids: previous prompt + sampled ids +
+  the template's tokens for the new messages (continuation.py), so sampled text that would not
+  re-render the same (a bare JSON call, compact JSON) does not break the segment. Other requests get
+  the full render; which path was taken is counted per session and returned as
+  ``rlsys.prompt_source``.
 - The prompt is rendered with ``tokenize=True, return_dict=False`` (transformers 5 returns a
-  ``BatchEncoding`` by default) and control tokens in message text are *not* sanitised: text that
-  the model sampled (a malformed ``<tool_call>`` left in content, say) must re-tokenise to the same
-  ids next turn, or the session's segment breaks. The agent is the user's own trusted code.
+  ``BatchEncoding`` by default) and control tokens in message text are *not* sanitised: on the
+  full-render path, text that the model sampled (a malformed ``<tool_call>`` left in content, say)
+  must re-tokenise to the same ids, or the session's segment breaks. The agent is the user's own
+  trusted code.
 - ``max_tokens`` / ``max_completion_tokens`` are clipped to ``max_tokens_cap`` and to the room left in
   ``max_model_len`` after the prompt (a prompt that leaves no room is a 400), so long multi-turn
   episodes end with ``finish_reason="length"`` instead of an error.
@@ -27,7 +34,10 @@ Choices worth knowing:
   but not in the message text.
 - Without ``tools`` (or with ``tool_choice="none"``) the text is returned as content, unparsed. With
   tools and no parsed call, content is the raw text, unstripped, so that re-rendering the history
-  reproduces the sampled tokens.
+  reproduces the sampled tokens where it can.
+- Sampling seeds of session requests that name none come from ``seed_for_session(session_id, index)``
+  with the request's index in the session taken at arrival (sessions.py ``begin``): concurrent
+  requests of one session get distinct seeds.
 
 ``ProxyServer`` runs uvicorn as a task inside the caller's running event loop (the rollout actor is
 an async Ray actor): ``await start()`` binds 127.0.0.1 on a free port and returns once listening.
@@ -54,6 +64,16 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+from rlsys.proxy.continuation import (
+    FIRST,
+    RE_RENDERED,
+    Exchange,
+    PromptPlan,
+    message_keys,
+    plan_prompt,
+    reply_key,
+    tools_key,
+)
 from rlsys.proxy.schema import (
     ChatCompletionRequest,
     RequestError,
@@ -64,7 +84,7 @@ from rlsys.proxy.schema import (
     template_tools,
     tool_names,
 )
-from rlsys.proxy.sessions import SessionRecorder
+from rlsys.proxy.sessions import RequestTicket, SessionRecorder
 from rlsys.proxy.toolcalls import parse_tool_calls, to_openai_tool_calls
 from rlsys.types import Turn
 
@@ -209,6 +229,9 @@ class _ChatCodec:
             out = out["input_ids"]
         return [int(t) for t in out]
 
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
     def text_of(self, completion_ids: list[int]) -> str:
         """The message text: the ids decoded with special tokens, minus a trailing end-of-turn token."""
         ids = completion_ids[:-1] if completion_ids and completion_ids[-1] in self.end_ids else completion_ids
@@ -245,8 +268,10 @@ def create_app(
     ``max_model_len`` attribute when it has one, else to ``tokenizer.model_max_length`` when that is
     a real bound (< 10**9); ``None`` there means no prompt-length check.
 
-    ``seed_for_session(session_id, turn_index)`` gives the sampling seed of a recorded request that
-    names none, so a job's samples depend on its seed and session ids, not on request arrival order."""
+    ``seed_for_session(session_id, index)`` gives the sampling seed of a session request that names
+    none, ``index`` being the request's place in the session in arrival order (0, 1, ...): a sequential
+    agent's samples depend on the job's seed and session ids, not on how requests of different
+    sessions interleave, and concurrent requests of one session still get distinct seeds."""
     if not api_token:
         raise ValueError("api_token must be a non-empty string")
     if max_tokens_cap < 1:
@@ -296,11 +321,15 @@ def create_app(
         try:
             req, session_id = _parse(await request.body(), request.headers, model_name)
             tools = template_tools(req)
-            prompt_ids = codec.render(template_messages(req), tools)
+            messages = template_messages(req)
+            ticket = recorder.begin(session_id) if session_id is not None else None
+            keys = message_keys(messages) if ticket is not None else ()
+            plan = _plan_prompt(codec, messages, keys, tools, ticket)
+            prompt_ids = plan.prompt_ids
             params = _sampling_params(req, current_defaults(), stop_ids, len(prompt_ids),
                                       max_tokens_cap, max_model_len)
-            if params.seed is None and session_id is not None and seed_for_session is not None:
-                params = dataclasses.replace(params, seed=seed_for_session(session_id, recorder.num_turns(session_id)))
+            if params.seed is None and ticket is not None and seed_for_session is not None:
+                params = dataclasses.replace(params, seed=seed_for_session(session_id, ticket.index))
         except RequestError as err:
             return _request_error_response(err)
 
@@ -313,12 +342,38 @@ def create_app(
 
         parse_names = tool_names(req) if tools is not None else None
         body = _completion_body(req, out, codec, prompt_ids, parse_names, session_id, model_name)
-        if session_id is not None:
-            finish = body["choices"][0]["finish_reason"]
-            recorder.record(session_id, Turn(prompt_ids, list(out.token_ids), list(out.logprobs), finish))
+        body["rlsys"]["prompt_source"] = plan.source
+        if ticket is not None:
+            choice = body["choices"][0]
+            exchange = Exchange(keys, tools_key(tools), prompt_ids, body["rlsys"]["completion_ids"],
+                                _returned_reply(choice["message"]))
+            turn = Turn(prompt_ids, list(out.token_ids), list(out.logprobs), choice["finish_reason"])
+            if not recorder.record(session_id, turn, ticket=ticket, source=plan.source, reason=plan.reason,
+                                   exchange=exchange):
+                logger.info("session %.64s: turn %d not recorded (session popped while in flight, or over "
+                            "the turn cap)", session_id, ticket.index)
         return JSONResponse(body)
 
     return app
+
+
+def _plan_prompt(codec: _ChatCodec, messages: list[dict], keys: tuple[str, ...], tools: list[dict] | None,
+                 ticket: RequestTicket | None) -> PromptPlan:
+    """The prompt from ids when the request continues its session's previous one, else the full render."""
+    if ticket is not None:
+        plan = plan_prompt(ticket.previous, messages, keys, tools,
+                           lambda m: codec.render(m, tools), codec.end_ids, codec.decode)
+        if isinstance(plan, PromptPlan):
+            return plan
+        full = codec.render(messages, tools)
+        return PromptPlan(full, FIRST) if plan == FIRST else PromptPlan(full, RE_RENDERED, plan)
+    return PromptPlan(codec.render(messages, tools), FIRST)
+
+
+def _returned_reply(message: dict[str, Any]) -> str:
+    """reply_key() of the assistant message the proxy returns (arguments as the parser decoded them)."""
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+    return reply_key(message["content"], calls)
 
 
 def _parse(raw: bytes, headers: Mapping[str, str], model_name: str) -> tuple[ChatCompletionRequest, str | None]:

@@ -12,32 +12,51 @@ How turns become segments (prefix extension):
 - A later turn whose ``prompt_ids`` start with the current (last) segment's full ``input_ids``
   extends it: the new prompt suffix (tool results, user text, the template's turn markers) is
   appended with mask 0, then the completion with mask 1.
-- Any other turn starts a new segment and counts a ``segment_break``. This happens when the chat
-  template re-renders the previous assistant message differently from what was sampled (JSON
-  spacing inside a tool call, BPE merges across a text/tag boundary), when the agent edits or
-  truncates the history, or when two requests of one session interleave. Training on the
-  re-rendered tokens with the sampled logprobs would be training on mismatched tokens, so rlsys
-  never splices; it keeps both segments, each internally consistent.
+- Any other turn starts a new segment and counts a ``segment_break``. With prompts from ids (below)
+  this happens only to prompts rendered in full: when the agent edits or truncates the history, or
+  changes the system prompt or tools, and the template's render does not reproduce the sampled
+  tokens (JSON spacing inside a tool call, BPE merges across a text/tag boundary), or when two
+  requests of one session interleave. Training on re-rendered tokens with the sampled logprobs would
+  be training on mismatched tokens, so rlsys never splices; it keeps both segments, each internally
+  consistent.
 
 Deliberate departure from "longest common prefix" splicing (DESIGN.md mentions it): we only extend
 when the whole current segment is a prefix. A partial match would need the segment's tail (sampled
 tokens) dropped or rewritten, which loses or misattributes logprobs.
 
-Bounded memory: at most ``max_sessions`` live sessions; recording under a new id when the table is
-full evicts the least recently used session (``evicted_sessions`` counts them; popping an evicted id
-gives an empty record). A session keeps at most ``max_turns_per_session`` turns; later turns are not
-recorded and counted in the record's ``dropped_turns`` (and in ``stats``), so a runaway agent loop
-cannot grow memory without bound while the turns already recorded stay consistent.
+Prompts from ids (continuation.py): when an agent sends back the assistant message as the proxy
+returned it, the proxy builds the next prompt from the previous prompt and sampled ids, so the turn
+extends the segment whatever the template would re-render. The recorder keeps each session's latest
+``Exchange`` for that and counts, per session, ``prompt_from_ids`` and ``re_rendered`` turns (a later
+turn rendered in full; ``stats`` also counts why).
+
+Request tickets: the proxy calls ``begin`` when a request arrives and ``record`` with the ticket when
+its completion is done. ``begin`` creates the session (a new *life* of that id) when it is not live and
+hands out the request's index in the session (0, 1, 2, ... in arrival order, taken under the lock),
+which seeds its sampling: two concurrent requests of one session never share a seed, and a sequential
+agent gets the seeds it always got (one per turn). A ticket whose session life is gone by the time the
+turn is recorded, because the env worker popped the session (an agent that timed out with a request in
+flight) or it was evicted, is a *late turn*: dropped and counted (``late_turns``), so it cannot create
+an orphan session or join the next life of the same id (a retried episode). The popped session is
+freed at once; no list of closed ids is needed, the ticket carries its life.
+
+Bounded memory: at most ``max_sessions`` live sessions; a new session when the table is full evicts
+the least recently used one (``evicted_sessions`` counts them; popping an evicted id gives an empty
+record). A session keeps at most ``max_turns_per_session`` turns; later turns are not recorded and
+counted in the record's ``dropped_turns`` (and in ``stats``), so a runaway agent loop cannot grow
+memory without bound while the turns already recorded stay consistent.
 
 Concurrency: all methods take one ``threading.Lock`` and never await, so they are safe to call from
 the proxy's request handlers and from other actor methods on the same event loop (or threads).
 """
 from __future__ import annotations
 
+import itertools
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
+from rlsys.proxy.continuation import FALLBACK_REASONS, FIRST, FROM_IDS, RE_RENDERED, Exchange
 from rlsys.types import Segment, Turn
 
 
@@ -49,6 +68,26 @@ class SessionRecord:
     num_turns: int = 0  # turns recorded (dropped turns not included)
     segment_breaks: int = 0  # recorded turns that did not extend the previous segment
     dropped_turns: int = 0  # turns over max_turns_per_session, not recorded
+    prompt_from_ids: int = 0  # recorded turns whose prompt was built from the previous turn's ids
+    re_rendered: int = 0  # recorded later turns whose prompt was a full chat-template render
+
+
+@dataclass(frozen=True)
+class RequestTicket:
+    """A request's place in its session, taken when it arrives (``SessionRecorder.begin``)."""
+
+    session_id: str
+    life: int  # which life of the session id the request arrived in
+    index: int  # 0, 1, 2, ... per session life in arrival order: the sampling seed's turn index
+    previous: Exchange | None  # the session's latest exchange at arrival (None: the first request)
+
+
+@dataclass
+class _Session:
+    record: SessionRecord
+    life: int
+    requests: int = 0  # tickets handed out
+    exchange: Exchange | None = None
 
 
 class SessionRecorder:
@@ -61,45 +100,70 @@ class SessionRecorder:
             raise ValueError(f"max_turns_per_session must be >= 1, got {max_turns_per_session}")
         self.max_sessions = max_sessions
         self.max_turns_per_session = max_turns_per_session
-        self._sessions: OrderedDict[str, SessionRecord] = OrderedDict()  # least recently used first
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
+        self._lives = itertools.count(1)
         self._lock = threading.Lock()
         self.evicted_sessions = 0
         self.dropped_turns = 0
+        self.late_turns = 0
+        self._prompt_sources: Counter[str] = Counter()  # FIRST, FROM_IDS, re_rendered_<reason>
 
-    def record(self, session_id: str, turn: Turn) -> None:
-        """Append ``turn`` to the session, extending its last segment when the prompt allows it."""
+    def begin(self, session_id: str) -> RequestTicket:
+        """Register an arriving request: its index in the session and the session's latest exchange."""
         with self._lock:
-            rec = self._sessions.get(session_id)
-            if rec is None:
-                while len(self._sessions) >= self.max_sessions:
-                    self._sessions.popitem(last=False)
-                    self.evicted_sessions += 1
-                rec = self._sessions[session_id] = SessionRecord()
+            session = self._live(session_id)
+            ticket = RequestTicket(session_id, session.life, session.requests, session.exchange)
+            session.requests += 1
+            return ticket
+
+    def record(self, session_id: str, turn: Turn, *, ticket: RequestTicket | None = None,
+               source: str = "", reason: str = "", exchange: Exchange | None = None) -> bool:
+        """Append ``turn`` to the session, extending its last segment when the prompt allows it.
+
+        With a ``ticket`` (the proxy), a turn whose session life ended since ``begin`` is late: dropped,
+        counted, and False returned. ``source``/``reason``: how the prompt was made (continuation.py);
+        ``exchange`` becomes the session's latest, for the next request's prompt."""
+        with self._lock:
+            if ticket is None:
+                session = self._live(session_id)
             else:
+                session = self._sessions.get(session_id)
+                if session is None or session.life != ticket.life:
+                    self.late_turns += 1
+                    return False
                 self._sessions.move_to_end(session_id)
+            if exchange is not None:
+                session.exchange = exchange
+            rec = session.record
             if rec.num_turns >= self.max_turns_per_session:
                 rec.dropped_turns += 1
                 self.dropped_turns += 1
-                return
+                return False
             rec.num_turns += 1
+            if source:
+                self._prompt_sources[source if source != RE_RENDERED else f"{RE_RENDERED}_{reason}"] += 1
+            rec.prompt_from_ids += source == FROM_IDS
+            rec.re_rendered += source == RE_RENDERED
             if rec.segments and _extends(turn.prompt_ids, rec.segments[-1].input_ids):
                 _append_turn(rec.segments[-1], turn)
-                return
+                return True
             if rec.segments:
                 rec.segment_breaks += 1
             rec.segments.append(_new_segment(turn))
+            return True
 
     def pop(self, session_id: str) -> SessionRecord:
-        """Remove and return the session's record; an unknown (or evicted) id gives an empty one."""
+        """Remove and return the session's record; an unknown (or evicted) id gives an empty one.
+        The session's life ends: turns of requests still in flight are late (dropped, counted)."""
         with self._lock:
-            rec = self._sessions.pop(session_id, None)
-        return rec if rec is not None else SessionRecord()
+            session = self._sessions.pop(session_id, None)
+        return session.record if session is not None else SessionRecord()
 
     def num_turns(self, session_id: str) -> int:
         """Turns recorded so far under ``session_id`` (0 for an unknown id)."""
         with self._lock:
-            rec = self._sessions.get(session_id)
-            return rec.num_turns if rec is not None else 0
+            session = self._sessions.get(session_id)
+            return session.record.num_turns if session is not None else 0
 
     def __contains__(self, session_id: object) -> bool:
         with self._lock:
@@ -107,13 +171,32 @@ class SessionRecorder:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters for metrics: live sessions, sessions evicted, turns dropped (cumulative)."""
+        """Counters for metrics (cumulative): live sessions, sessions evicted, turns dropped (over the
+        per-session cap), late turns (session popped or evicted in flight), and how recorded prompts
+        were made: ``prompt_from_ids``, ``first``, ``re_rendered_<reason>`` per fallback reason."""
         with self._lock:
+            sources = {FROM_IDS: 0, FIRST: 0, **{f"{RE_RENDERED}_{r}": 0 for r in FALLBACK_REASONS}}
+            sources.update(self._prompt_sources)
             return {
                 "live_sessions": len(self._sessions),
                 "evicted_sessions": self.evicted_sessions,
                 "dropped_turns": self.dropped_turns,
+                "late_turns": self.late_turns,
+                RE_RENDERED: sum(v for k, v in sources.items() if k.startswith(RE_RENDERED)),
+                **sources,
             }
+
+    def _live(self, session_id: str) -> _Session:
+        """The session's current life, made (evicting the least recently used) when there is none."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            self._sessions.move_to_end(session_id)
+            return session
+        while len(self._sessions) >= self.max_sessions:
+            self._sessions.popitem(last=False)
+            self.evicted_sessions += 1
+        session = self._sessions[session_id] = _Session(SessionRecord(), next(self._lives))
+        return session
 
 
 def _extends(prompt_ids: list[int], prefix: list[int]) -> bool:

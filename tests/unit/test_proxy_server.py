@@ -565,8 +565,9 @@ def test_real_tiny_model_through_transformers_engine(model_dir, tokenizer):
                     client.chat.completions.create(model=MODEL, messages=BOARD, tools=TOOLS,
                                                    extra_headers={"X-Rlsys-Session": f"real-{i}"}, seed=i)
                     for i in range(2)])
-                # A second turn in session real-1 (random weights: its text may not re-tokenise to the
-                # sampled ids, so the turn may extend the segment or start a new one; both are fine).
+                # A second turn in session real-1, the reply sent back as returned: its prompt is built
+                # from the sampled ids, so it extends the segment even when the random weights' text would
+                # not re-tokenise to them.
                 history = BOARD + [resps[1].choices[0].message.model_dump(exclude_none=True),
                                    {"role": "user", "content": "Again."}]
                 second = await client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
@@ -594,7 +595,8 @@ def test_real_tiny_model_through_transformers_engine(model_dir, tokenizer):
     assert seg.rollout_logprobs[len(expected_prompt):] == first["logprobs"]
 
     record = recorder.pop("real-1")
-    assert record.num_turns == 2 and len(record.segments) == 1 + record.segment_breaks
+    assert record.num_turns == 2 and record.segment_breaks == 0 and record.prompt_from_ids == 1
+    assert rlsys_ext(second)["prompt_source"] == "prompt_from_ids"
     sampled = [t for seg in record.segments for t, m in zip(seg.input_ids, seg.loss_mask) if m]
     assert sampled == rlsys_ext(resps[1])["completion_ids"] + rlsys_ext(second)["completion_ids"]
     assert record.segments[-1].input_ids == rlsys_ext(second)["prompt_ids"] + rlsys_ext(second)["completion_ids"]

@@ -105,7 +105,9 @@ def test_least_recently_used_session_is_evicted_and_counted():
     rec.record("b", turn([1], [2]))
     rec.record("a", turn([1, 2], [3]))  # "a" is now the most recently used
     rec.record("c", turn([1], [2]))  # evicts "b"
-    assert rec.stats == {"live_sessions": 2, "evicted_sessions": 1, "dropped_turns": 0}
+    stats = rec.stats
+    counts = (stats["live_sessions"], stats["evicted_sessions"], stats["dropped_turns"], stats["late_turns"])
+    assert counts == (2, 1, 0, 0)
     assert rec.pop("b") == SessionRecord()
     assert rec.pop("a").num_turns == 2
     assert rec.pop("c").num_turns == 1
@@ -136,3 +138,58 @@ def test_bad_bounds_rejected():
         SessionRecorder(max_sessions=0)
     with pytest.raises(ValueError, match="max_turns_per_session"):
         SessionRecorder(max_turns_per_session=0)
+
+
+# ---- request tickets: seeds of concurrent requests, late turns after a pop -----------------------
+
+
+def test_tickets_number_requests_in_arrival_order_per_session_life():
+    rec = SessionRecorder()
+    a0, a1, b0 = rec.begin("a"), rec.begin("a"), rec.begin("b")
+    assert (a0.index, a1.index, b0.index) == (0, 1, 0), "two in-flight requests of one session share an index"
+    assert a0.life == a1.life != b0.life and a0.previous is None
+    rec.pop("a")
+    assert rec.begin("a").index == 0, "a new life of the id restarts the count (a retried episode reseeds alike)"
+
+
+def test_turn_of_a_request_in_flight_when_the_session_was_popped_is_dropped_and_counted():
+    rec = SessionRecorder()
+    ticket = rec.begin("s")
+    assert rec.record("s", turn([1], [2]), ticket=ticket)
+    late = rec.begin("s")
+    out = rec.pop("s")  # the env worker gave up on the agent while `late` was in flight
+    assert rec.record("s", turn([1, 2, 3], [4]), ticket=late) is False
+    assert "s" not in rec and rec.stats["late_turns"] == 1 and rec.stats["live_sessions"] == 0
+    assert out.num_turns == 1 and out.segments[0].input_ids == [1, 2]
+
+
+def test_late_turn_does_not_join_the_next_life_of_the_same_id():
+    rec = SessionRecorder()
+    dead = rec.begin("s")
+    rec.pop("s")  # the retry's pop at episode start
+    retry = rec.begin("s")
+    assert rec.record("s", turn([1], [2]), ticket=retry)
+    assert rec.record("s", turn([1], [9]), ticket=dead) is False
+    out = rec.pop("s")
+    assert out.num_turns == 1 and [s.input_ids for s in out.segments] == [[1, 2]] and rec.stats["late_turns"] == 1
+
+
+def test_turn_in_flight_when_its_session_was_evicted_is_late():
+    rec = SessionRecorder(max_sessions=1)
+    ticket = rec.begin("a")
+    rec.begin("b")  # evicts "a"
+    assert rec.record("a", turn([1], [2]), ticket=ticket) is False
+    assert "a" not in rec and rec.stats["late_turns"] == 1 and rec.stats["evicted_sessions"] == 1
+
+
+def test_prompt_sources_are_counted_per_session_and_in_stats():
+    rec = SessionRecorder()
+    rec.record("s", turn([1], [2]), source="first")
+    rec.record("s", turn([1, 2, 3], [4]), source="prompt_from_ids")
+    rec.record("s", turn([1, 5], [6]), source="re_rendered", reason="history_changed")
+    out = rec.pop("s")
+    assert (out.prompt_from_ids, out.re_rendered, out.segment_breaks) == (1, 1, 1)
+    stats = rec.stats
+    assert stats["prompt_from_ids"] == 1 and stats["first"] == 1
+    assert stats["re_rendered"] == 1 and stats["re_rendered_history_changed"] == 1
+    assert stats["re_rendered_reply_changed"] == 0

@@ -1,15 +1,16 @@
 """What a multi-turn agent keeps of each proxy response, and the assistant message it sends back.
 
 Why this matters: the proxy records a session as ONE token sequence only when each new prompt starts
-with the previous prompt + the tokens the engine sampled (rlsys/proxy/sessions.py). The chat template
-re-renders the history on every request, so the agent must send the assistant message back exactly
-as the proxy returned it: the same `content` (None stays None, whitespace kept) and the same
-`tool_calls` with the same `arguments` JSON text, in the same order. `assistant_echo` does exactly
-that and nothing more. Even then the re-render differs from what was sampled in some cases the agent
-cannot repair; docs/results-multiturn.md lists them for the tiny model's Qwen2.5-style template
-(JSON spacing or key order inside a call, text around a call, a stop on <|endoftext|> instead of
-<|im_end|>, non-canonical BPE splits of plain text). The proxy then starts a new segment and counts a
-`segment_break`; nothing is trained on mismatched tokens.
+with the previous prompt + the tokens the engine sampled (rlsys/proxy/sessions.py). When the agent
+sends the assistant message back exactly as the proxy returned it (the same `content`, None stays
+None, and the same `tool_calls` with the same arguments), followed by new messages, the proxy builds
+the next prompt from the previous prompt and sampled ids plus the template's tokens for the new
+messages (rlsys/proxy/continuation.py), so the sequence extends whatever the sampled text would
+re-render to (a bare or fenced JSON call, compact JSON, text around a call, a stop on <|endoftext|>).
+`assistant_echo` does exactly that and nothing more. An agent that edits the history instead gets a
+full re-render of the conversation, and a `segment_break` wherever that re-render differs from what
+was sampled (docs/results-multiturn.md lists the cases for the tiny model's Qwen2.5-style template);
+nothing is trained on mismatched tokens.
 
 Used by both multi-turn environments (tictactoe_game, ledger). It belongs in a shared module
 (e.g. rlsys/envs/multiturn.py); it lives here because this is the first multi-turn environment.
