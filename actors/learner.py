@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,7 @@ class Learner:
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)  # compute dtype (and the engine's)
         # fp32 master weights: parameters and updates in float32, forward/backward under autocast
         self.param_dtype = torch.float32 if cfg.learner.fp32_master else self.dtype
+        self.memory_cap = apply_memory_budget(cfg, model_path, self.device)  # before any weight lands on the GPU
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=self.param_dtype, trust_remote_code=cfg.model.trust_remote_code
         ).to(self.device)
@@ -164,9 +166,20 @@ class Learner:
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def train(self, trajectories: Sequence[Any]) -> dict[str, float]:
-        """One rollout batch -> `n_minibatches` optimizer steps. Accepts Trajectory objects or ObjectRefs."""
+        """One rollout batch -> `n_minibatches` optimizer steps. Accepts Trajectory objects or ObjectRefs.
+
+        Besides the losses: `time/learner_fetch` (trajectories out of the object store), `time/learner_compute`
+        (everything after, GPU work finished), and on a GPU the memory of this call (`mem/*`, GiB)."""
+        t0 = time.perf_counter()
+        trajs = _resolve(trajectories)
+        t1 = time.perf_counter()
+        probe = MemoryProbe(self.device)
         with self.autocast():
-            return self._train(_resolve(trajectories))
+            out = self._train(trajs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        out.update({"time/learner_fetch": t1 - t0, "time/learner_compute": time.perf_counter() - t1, **probe.finish()})
+        return out
 
     def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
         if self.cfg.algo.name == "sft":
@@ -397,6 +410,54 @@ class Learner:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+# --- GPU memory ----------------------------------------------------------------------------------
+def apply_memory_budget(cfg: Config, model_path: str, device: torch.device) -> float | None:
+    """With `rollout.gpu_memory_budget_gib` on a GPU: cap this process's torch allocator at the learner's share
+    of the budget (`rlsys.memory.budget_split`; vLLM sizes itself from the rest). Returns the fraction set."""
+    if device.type != "cuda" or cfg.rollout.gpu_memory_budget_gib is None:
+        return None
+    from rlsys.memory import GIB, budget_split
+
+    split = budget_split(cfg, model_path)
+    index = torch.cuda.current_device()  # set_per_process_memory_fraction wants an index, not torch.device("cuda")
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = split.learner_fraction(total)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    print(f"rlsys: learner memory capped at {fraction * total / GIB:.2f} GiB ({fraction:.4f} of {total / GIB:.1f} GiB; "
+          f"budget {cfg.rollout.gpu_memory_budget_gib} GiB)", flush=True)
+    return fraction
+
+
+class MemoryProbe:
+    """The GPU memory of one `train` call: torch's peak (allocated and reserved, the part the cap limits) and
+    the whole device at that peak (NVML's device-wide use at the start, minus what this process had reserved
+    then, plus its peak: the engine sleeps during training, so the rest does not move). Empty on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type != "cuda":
+            return
+        from rlsys.memory import device_used_bytes_nvml
+
+        self.index = torch.cuda.current_device()
+        torch.cuda.reset_peak_memory_stats(self.index)
+        self.reserved0 = torch.cuda.memory_reserved(self.index)
+        self.used0 = device_used_bytes_nvml()
+
+    def finish(self) -> dict[str, float]:
+        if self.device.type != "cuda":
+            return {}
+        from rlsys.memory import GIB
+
+        peak_reserved = torch.cuda.max_memory_reserved(self.index)
+        out = {"mem/learner_peak_allocated_gib": torch.cuda.max_memory_allocated(self.index) / GIB,
+               "mem/learner_peak_reserved_gib": peak_reserved / GIB,
+               "mem/learner_resident_gib": torch.cuda.memory_allocated(self.index) / GIB}
+        if self.used0 is not None:
+            out["mem/train_device_used_gib"] = (self.used0 - self.reserved0 + peak_reserved) / GIB
+        return out
 
 
 # --- batching helpers --------------------------------------------------------------------------

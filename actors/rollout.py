@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import os
 import secrets
+import time
 from typing import Any
 
 import torch
@@ -49,13 +50,67 @@ def build_engine(cfg: Config, model_path: str):
     r = cfg.rollout
     kind = resolve_engine_kind(cfg)
     if kind == "vllm":
-        from rlsys.engines.vllm_engine import device_total_bytes, memory_fraction
-
         return make_engine("vllm", model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed,
-                           dtype=engine_dtype(cfg),
-                           gpu_memory_utilization=memory_fraction(r.gpu_memory_budget_gib, device_total_bytes()),
+                           dtype=engine_dtype(cfg), gpu_memory_utilization=engine_memory_fraction(cfg, model_path),
                            max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True)
     return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed)
+
+
+def engine_memory_fraction(cfg: Config, model_path: str) -> float:
+    """vLLM's `gpu_memory_utilization`: with `rollout.gpu_memory_budget_gib`, the engine's share of the job's
+    budget (`rlsys.memory.budget_split`, the same split the learner caps itself with); unset, a third of the GPU."""
+    from rlsys.engines.vllm_engine import device_total_bytes, memory_fraction
+    from rlsys.memory import budget_split
+
+    total = device_total_bytes()
+    split = budget_split(cfg, model_path)
+    fraction = memory_fraction(None, total) if split is None else split.engine_fraction(total)
+    print(f"rlsys: vLLM gpu_memory_utilization {fraction:.4f} ({fraction * total / 2**30:.2f} GiB of "
+          f"{total / 2**30:.1f} GiB)", flush=True)
+    return fraction
+
+
+class EngineClock:
+    """Wraps the engine the proxy calls: when the first sample came back, and how long the engine had at least
+    one request in flight (`time/generate`, the rollout's generation time) and how many tokens it returned.
+    Every other attribute is the engine's own."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.first_sample_at: float | None = None  # time.time() of the first finished generate
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self.busy_s = 0.0
+        self.tokens = 0
+        self.requests = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Any:
+        if self._in_flight == 0:
+            self._busy_since = time.perf_counter()
+        self._in_flight += 1
+        try:
+            out = await self._engine.generate(prompt_ids, params)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self.busy_s += time.perf_counter() - self._busy_since
+        if self.first_sample_at is None:
+            self.first_sample_at = time.time()
+        self.tokens += len(out.token_ids)
+        self.requests += 1
+        return out
+
+    def pop_counters(self) -> dict[str, float]:
+        """Busy seconds, tokens and requests since the last call (a request still in flight counts so far)."""
+        busy = self.busy_s + (time.perf_counter() - self._busy_since if self._in_flight else 0.0)
+        if self._in_flight:
+            self._busy_since = time.perf_counter()
+        out = {"time/generate": busy, "perf/engine_tokens": float(self.tokens), "perf/engine_requests": float(self.requests)}
+        self.busy_s, self.tokens, self.requests = 0.0, 0, 0
+        return out
 
 
 class RolloutWorker:
@@ -81,14 +136,19 @@ class RolloutWorker:
 
         from rlsys.proxy.server import ProxyServer, create_app
 
+        t0 = time.perf_counter()
         self.engine = build_engine(self.cfg, self.model_path)
+        self.clock = EngineClock(self.engine)
+        self._startup = {"engine_build_s": time.perf_counter() - t0, "engine_ready_at": time.time()}
+        self._engine_kind = resolve_engine_kind(self.cfg)
         if self._transport_name == "auto":
-            self._transport_name = "cuda_ipc" if resolve_engine_kind(self.cfg) == "vllm" else "object_store"
+            self._transport_name = "cuda_ipc" if self._engine_kind == "vllm" else "object_store"
         self.transport = make_transport(self._transport_name)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         r = self.cfg.rollout
         self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
-        app = create_app(self.engine, self.tokenizer, api_token=self.api_token, model_name=MODEL_NAME,
+        self._stop_ids = _end_ids(self.tokenizer)
+        app = create_app(self.clock, self.tokenizer, api_token=self.api_token, model_name=MODEL_NAME,
                          sampling_defaults=lambda: self.sampling, recorder=self.recorder,
                          max_tokens_cap=r.max_new_tokens,
                          max_model_len=r.max_model_len,
@@ -109,8 +169,35 @@ class RolloutWorker:
     async def pop_session(self, session_id: str) -> SessionRecord:
         return self.recorder.pop(session_id)
 
-    async def sleep(self, level: int) -> None:
+    async def sleep(self, level: int) -> dict[str, float]:
+        """Sleep the engine; returns what it did since the last sleep (generation seconds, tokens) and, on a
+        GPU, the device's memory in use right before (the rollout phase's footprint) and after sleeping."""
+        from rlsys.memory import GIB, device_used_bytes_nvml
+
+        stats = self.clock.pop_counters()
+        gpu = self._engine_kind == "vllm"
+        before = device_used_bytes_nvml() if gpu else None
         await self.engine.sleep(level)
+        after = device_used_bytes_nvml() if gpu else None
+        if before is not None and after is not None:
+            stats.update({"mem/rollout_device_used_gib": before / GIB, "mem/asleep_device_used_gib": after / GIB})
+        return stats
+
+    async def startup_times(self) -> dict[str, float | None]:
+        """How long building the engine took, and when (time.time()) it was ready and first returned a sample."""
+        return {**self._startup, "first_sample_at": self.clock.first_sample_at}
+
+    async def bench_generate(self, prompts: list[list[int]], n: int) -> dict[str, float]:
+        """`jobs.bench proxy` (a): every prompt ``n`` times straight into the engine, all at once, with the
+        proxy's sampling settings and stop ids; tokens and wall seconds. The same engine serves (b)."""
+        import asyncio
+
+        stop = tuple(sorted(self._stop_ids))
+        params = dataclasses.replace(self.sampling, stop_token_ids=stop)
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*[self.engine.generate(p, params) for p in prompts for _ in range(n)])
+        wall = time.perf_counter() - t0
+        return {"tokens": float(sum(len(o.token_ids) for o in outs)), "wall_s": wall, "requests": float(len(outs))}
 
     async def wake(self, tags: list[str] | None = None) -> None:
         await self.engine.wake(tags)
@@ -139,3 +226,14 @@ class RolloutWorker:
             await self.server.stop()
         if self.engine is not None:
             await self.engine.shutdown()
+
+
+def _end_ids(tokenizer: Any) -> set[int]:
+    """The ids the proxy stops at (its `_ChatCodec.end_ids`): <|im_end|>, <|endoftext|> and the tokenizer's eos."""
+    from rlsys.proxy.server import END_OF_TURN_TOKENS
+
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
+    eos = tokenizer.eos_token_id
+    ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids

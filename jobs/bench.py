@@ -1,4 +1,16 @@
-"""Benchmarks of the GPU path. `python -m jobs.bench sync --model tiny qwen0.5b-random [--out FILE.json]`
+"""Benchmarks of the job: `python -m jobs.bench {step,proxy,sync} ...` (docs/performance.md has the commands).
+
+`step`: N steps of a config through the real job (jobs/train.py's `run_training`, Ray actors and all), then the
+step-time breakdown from metrics.jsonl over the steps after the warm-up: generation (seconds the engine had a
+request in flight), agent/reward (the rest of the rollout phase), sleep, train (learner compute, trajectory fetch,
+call overhead), push, wake, canary, and the driver/object-store remainder; tokens/s; the overhead fraction
+1 - (generation + learner compute) / step; GPU memory per phase (null on CPU). `--random-reward` scores every
+trajectory with a deterministic pseudo-random number, so a random-weight model still trains every sequence.
+
+`proxy`: the tic-tac-toe prompts (chat template with the tool, the job's sampling, `n_samples` each) (a) straight
+into the rollout actor's engine (`RolloutWorker.bench_generate`) and (b) through the whole agent path (env worker
+-> openai client -> proxy -> engine -> tool-call parser), on the same engine in one run; tokens/s of both and
+the ratio b/a. The engine follows `rollout.engine` (auto: vLLM on a GPU, transformers on CPU).
 
 `sync`: the weight push learner -> vLLM on one GPU, without Ray in between (the learner side runs in this
 process, vLLM's engine core in its own, so the CUDA IPC crosses processes as in a job). Per push:
@@ -11,8 +23,9 @@ process, vLLM's engine core in its own, so the CUDA IPC crosses processes as in 
 Then sleep/wake cycles as the driver runs them (sleep(level), wake weights, push, wake KV cache, reset
 the prefix cache), per level, timing sleep and the two wakes. Prints a table; `--out` writes the JSON.
 
-The random 0.5B model has Qwen2.5-0.5B's shapes (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate
-4864, vocab 151936, tied embeddings) and rlsys's tiny tokenizer: the weights are random, the sizes are real.
+The random models have Qwen2.5-0.5B's or Qwen2.5-1.5B's shapes (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate
+4864, vocab 151936, tied embeddings; 1.5B: hidden 1536, 28 layers, 12 heads, 2 KV heads, intermediate 8960) and
+rlsys's tiny tokenizer: the weights are random, the sizes are real.
 """
 from __future__ import annotations
 
@@ -30,20 +43,23 @@ from typing import Any
 QWEN05B_SIZES = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
                  "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
                  "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+QWEN15B_SIZES = {**QWEN05B_SIZES, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+                 "intermediate_size": 8960}
+RANDOM_MODELS = {"qwen0.5b-random": QWEN05B_SIZES, "qwen1.5b-random": QWEN15B_SIZES}
 GPU_TINY_SIZES = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2}  # head_dim 64 (tests/gpu/conftest.py)
 GIB = 1 << 30
 
 
 def model_folder(name: str, cache: Path) -> Path:
-    """An HF folder for ``name``: the GPU tiny model, or the random Qwen2.5-0.5B-shaped model (built once)."""
+    """An HF folder for ``name``: the GPU tiny model, or a random Qwen2.5-shaped model (built once)."""
     from rlsys.models.tiny import ensure_tiny_model
 
     tiny = ensure_tiny_model(cache / "tiny", **GPU_TINY_SIZES)
     if name == "tiny":
         return tiny
-    if name != "qwen0.5b-random":
-        raise SystemExit(f"unknown --model {name!r}; expected tiny or qwen0.5b-random")
-    out = cache / "qwen0.5b-random"
+    if name not in RANDOM_MODELS:
+        raise SystemExit(f"unknown --model {name!r}; expected tiny or one of {sorted(RANDOM_MODELS)}")
+    out = cache / name
     if (out / "config.json").is_file():
         return out
     import torch
@@ -51,10 +67,10 @@ def model_folder(name: str, cache: Path) -> Path:
 
     tok = AutoTokenizer.from_pretrained(tiny)
     eos, pad = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    config = Qwen2Config(**QWEN05B_SIZES, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad,
+    config = Qwen2Config(**RANDOM_MODELS[name], bos_token_id=pad, eos_token_id=eos, pad_token_id=pad,
                          use_sliding_window=False, dtype="bfloat16")
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=[eos, pad], pad_token_id=pad)
     tmp = out.with_name(out.name + ".tmp")
@@ -65,8 +81,35 @@ def model_folder(name: str, cache: Path) -> Path:
     cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), "rope_theta": 1000000.0}, indent=2))
     tmp.rename(out)
     del model
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return out
+
+
+def model_ckpt(name: str | None, cache: Path) -> str | None:
+    """`--model` of step/proxy: a named bench model or any `model.ckpt` value, passed through. A named model is
+    built in a child process (`python -m jobs.bench model`): building it here would leave this driver holding a
+    CUDA context (~0.5 GiB) that the job's memory measurements would count."""
+    if name is None or not (name == "tiny" or name in RANDOM_MODELS):
+        return name
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "jobs.bench", "model", "--model", name, "--cache", str(cache)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"building --model {name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def random_reward(record: dict[str, Any]) -> float:
+    """A reward plug-in for benchmarks (`env.reward_fn_path=jobs.bench:random_reward`): a number in [-1, 1]
+    from a hash of the agent's output, so every group has a spread and every sequence gets a gradient, as in
+    a run that learns (a random-weight model never calls the tool: the real reward would be -1 everywhere)."""
+    import hashlib
+
+    text = json.dumps(record.get("output"), sort_keys=True, default=str)
+    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    return digest / 2**64 * 2.0 - 1.0
 
 
 async def bench_sync(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
@@ -185,11 +228,259 @@ def print_sync_table(r: dict[str, Any]) -> None:
               f"canary {m['canary_diff']:.3g})")
 
 
+# ------------------------------------------------------------------ step: the job's step-time breakdown
+STEP_PHASES = (  # (name, how it is computed from one metrics.jsonl row)
+    ("generation", lambda r: r.get("time/generate")),
+    ("agent/reward/proxy", lambda r: _sub(r.get("time/rollout"), r.get("time/generate"))),
+    ("sleep", lambda r: r.get("time/sleep")),
+    ("train", lambda r: r.get("time/train")),
+    ("  learner compute", lambda r: r.get("time/learner_compute")),
+    ("  trajectory fetch", lambda r: r.get("time/learner_fetch")),
+    ("  call overhead", lambda r: _sub(r.get("time/train"), r.get("time/learner_compute"), r.get("time/learner_fetch"))),
+    ("push", lambda r: r.get("time/sync")),
+    ("wake", lambda r: r.get("time/wake")),
+    ("canary", lambda r: r.get("time/canary")),
+    ("driver/object store", lambda r: _sub(r.get("time/step"), *[r.get(f"time/{k}", 0.0) for k in
+                                                                  ("rollout", "sleep", "train", "sync", "wake", "canary")])),
+    ("step", lambda r: r.get("time/step")),
+)
+MEMORY_KEYS = ("mem/rollout_device_used_gib", "mem/asleep_device_used_gib", "mem/train_device_used_gib",
+               "mem/learner_peak_allocated_gib", "mem/learner_peak_reserved_gib", "mem/learner_resident_gib")
+
+
+def _sub(a: float | None, *bs: float | None) -> float | None:
+    if a is None or any(b is None for b in bs):
+        return None
+    return a - sum(bs)
+
+
+def _stats(values: list[float | None]) -> dict[str, float] | None:
+    vals = [v for v in values if isinstance(v, (int, float))]
+    if not vals:
+        return None
+    return {"mean": statistics.fmean(vals), "median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
+
+def summarize_steps(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """The breakdown of metrics.jsonl rows (timings over the rows after ``warmup``; memory over all rows)."""
+    timed = rows[warmup:]
+    if not timed:
+        raise ValueError(f"{len(rows)} step(s) logged, none after the {warmup} warm-up step(s)")
+    phases = {name: _stats([f(r) for r in timed]) for name, f in STEP_PHASES}
+
+    def overhead(r: dict[str, Any]) -> float | None:
+        gen, comp, step = r.get("time/generate"), r.get("time/learner_compute"), r.get("time/step")
+        return None if None in (gen, comp, step) else 1.0 - (gen + comp) / step
+
+    memory = {k.removeprefix("mem/").removesuffix("_gib"): max(r[k] for r in rows if k in r)
+              for k in MEMORY_KEYS if any(k in r for r in rows)}
+    if memory:
+        memory["peak_total"] = max(memory.get("rollout_device_used", 0.0), memory.get("train_device_used", 0.0))
+    return {
+        "steps_timed": len(timed), "warmup": warmup, "phases": phases,
+        "overhead_frac": _stats([overhead(r) for r in timed]),
+        "tokens_per_s_rollout": _stats([r.get("perf/tokens_per_s") for r in timed]),
+        "tokens_per_s_generation": _stats([r["perf/engine_tokens"] / r["time/generate"] for r in timed
+                                           if r.get("time/generate") and "perf/engine_tokens" in r]),
+        "tokens_per_step": _stats([r.get("perf/engine_tokens") for r in timed]),
+        "memory_gib": memory or None,
+        "startup": {k.removeprefix("startup/"): v for k, v in rows[0].items() if k.startswith("startup/")} or None,
+    }
+
+
+def bench_step(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
+    from jobs.train import run_training
+    from rlsys.config import load_config
+    from rlsys.metrics import read_metrics
+
+    run_dir = args.run_dir or tempfile.mkdtemp(prefix="rlsys-bench-step-")
+    flags = {"--max-steps": str(args.steps + args.warmup), "--run-dir": run_dir}
+    ckpt = model_ckpt(args.model, Path(args.cache))
+    if ckpt:
+        flags["--ckpt"] = ckpt
+    overrides = ["logging.progress=false"] + (["env.reward_fn_path=jobs.bench:random_reward"] if args.random_reward else [])
+    cfg = load_config(args.config, flags=flags, overrides=overrides + list(args.overrides))
+    t0 = time.perf_counter()
+    run_training(cfg)
+    wall = time.perf_counter() - t0
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    out = summarize_steps(rows, args.warmup)
+    r = cfg.rollout
+    out.update({"config": args.config, "model": cfg.model.ckpt, "run_dir": run_dir, "wall_s": wall,
+                "budget_gib": r.gpu_memory_budget_gib, "episodes_per_step": r.batch_size * r.n_samples,
+                "per_step": [{k: v for k, v in row.items() if k.split("/")[0] in ("step", "time", "mem", "perf")}
+                             for row in rows]})
+    if out["memory_gib"] and r.gpu_memory_budget_gib:
+        out["under_budget"] = out["memory_gib"]["peak_total"] <= r.gpu_memory_budget_gib
+    return out
+
+
+def print_step_table(r: dict[str, Any]) -> None:
+    step = (r["phases"].get("step") or {}).get("mean") or float("nan")
+    print(f"\nstep breakdown, {r['model']}: {r['steps_timed']} steps after {r['warmup']} warm-up, "
+          f"{r['episodes_per_step']} episodes/step")
+    print(f"{'phase':<24}{'mean s':>10}{'median s':>10}{'% step':>8}")
+    for name, st in r["phases"].items():
+        if st is None:
+            print(f"{name:<24}{'-':>10}{'-':>10}{'-':>8}")
+        else:
+            print(f"{name:<24}{st['mean']:10.3f}{st['median']:10.3f}{100 * st['mean'] / step:7.1f}%")
+
+    def fmt(st: dict[str, float] | None, spec: str = "{:.3f}") -> str:
+        return "-" if st is None else f"{spec.format(st['mean'])} (median {spec.format(st['median'])})"
+
+    print(f"overhead 1 - (generation + learner compute)/step: {fmt(r['overhead_frac'])}  [goal <= 0.05 on the GPU]")
+    print(f"tokens/s: {fmt(r['tokens_per_s_rollout'], '{:.0f}')} over the rollout phase, "
+          f"{fmt(r['tokens_per_s_generation'], '{:.0f}')} while generating")
+    mem = r["memory_gib"]
+    if mem:
+        print("GPU memory (GiB, peak over all steps): " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items())
+              + (f"; budget {r['budget_gib']} -> {'under' if r.get('under_budget') else 'OVER'}" if r["budget_gib"] else ""))
+    else:
+        print("GPU memory: null (no GPU)")
+    if r["startup"]:
+        print("startup (s after process start): " + ", ".join(f"{k} {v:.1f}" for k, v in r["startup"].items()))
+
+
+# ------------------------------------------------------------------ proxy: direct engine vs the agent path
+def tictactoe_prompts(items: list[dict[str, Any]], tokenizer: Any) -> list[list[int]]:
+    """The prompt ids the proxy renders for the tic-tac-toe agent's request on each item."""
+    from rlsys.envs.tictactoe.agent import item_messages
+    from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, TOOL_NAME
+    from rlsys.proxy.schema import ChatCompletionRequest, template_messages, template_tools
+
+    out = []
+    for item in items:
+        req = ChatCompletionRequest.model_validate({
+            "model": "m", "messages": item_messages(item), "tools": [CHOOSE_SQUARE_TOOL],
+            "tool_choice": {"type": "function", "function": {"name": TOOL_NAME}}})
+        ids = tokenizer.apply_chat_template(template_messages(req), tools=template_tools(req),
+                                            add_generation_prompt=True, tokenize=True, return_dict=False)
+        out.append([int(i) for i in (ids["input_ids"] if isinstance(ids, dict) else ids)])
+    return out
+
+
+def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+    from transformers import AutoTokenizer
+
+    from actors.rollout import RolloutWorker, resolve_engine_kind
+    from jobs.cluster import init_ray, load_items, run_episodes
+    from jobs.placement import gpu_actor_env, make_env_workers
+    from rlsys.config import load_config
+    from rlsys.models.resolve import resolve_model
+
+    flags = {"--ckpt": model_ckpt(args.model, Path(args.cache))} if args.model else {}
+    cfg = load_config(args.config, flags=flags, overrides=["logging.progress=false", *args.overrides])
+    if cfg.env.agent_fn != "rlsys.envs.tictactoe.agent:agent":
+        raise SystemExit(f"bench proxy renders the tic-tac-toe agent's prompts; env.agent_fn is {cfg.env.agent_fn!r}")
+    model_path = resolve_model(cfg.model.ckpt)
+    owns_ray = init_ray(cfg, "rlsys-bench-proxy")
+    actors: list[Any] = []
+    try:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        where = {"num_gpus": 1, "runtime_env": {"env_vars": gpu_actor_env()}} if gpus else {}
+        threads = None if gpus else max(1, os.cpu_count() or 1)
+        rollout = ray.remote(RolloutWorker).options(name="rollout-bench", num_cpus=0, max_concurrency=1024,
+                                                    **where).remote(cfg, model_path, num_threads=threads)
+        actors.append(rollout)
+        t0 = time.perf_counter()
+        info = ray.get(rollout.start.remote())
+        engine_start_s = time.perf_counter() - t0
+        proxy = {**info, "actor": rollout}
+        workers = make_env_workers(cfg, nodes=[info["node_id"]])
+        actors += workers
+        r = cfg.rollout
+        items = load_items(cfg)[: r.batch_size]
+        prompts = tictactoe_prompts(items, AutoTokenizer.from_pretrained(model_path))
+
+        def direct() -> dict[str, float]:
+            return ray.get(rollout.bench_generate.remote(prompts, r.n_samples))
+
+        def agent_path(tag: str) -> tuple[dict[str, float], list[Any]]:
+            t = time.perf_counter()
+            refs, summaries = run_episodes(workers, [proxy], items, r.n_samples, lambda w, p, item, g, s: (
+                w.run_episode.options(num_returns=2).remote(p, item, g, s, f"bench-{tag}-item{g}-sample{s}")))
+            wall = time.perf_counter() - t
+            failed = sum(s.failed for s in summaries)
+            return {"tokens": float(sum(s.response_len for s in summaries)), "wall_s": wall,
+                    "requests": float(len(summaries)), "failed": float(failed)}, refs
+
+        direct()  # warm-up: engine kernels, env workers' imports and HTTP connections
+        agent_path("warmup")
+        rounds = []
+        first_refs = None
+        for k in range(args.rounds):  # alternating which path goes first, so drift favours neither
+            if k % 2:
+                b, refs = agent_path(str(k))
+                a = direct()
+            else:
+                a = direct()
+                b, refs = agent_path(str(k))
+            first_refs = first_refs or refs
+            rounds.append({"direct": a, "agent": b, "direct_tps": a["tokens"] / a["wall_s"],
+                           "agent_tps": b["tokens"] / b["wall_s"]})
+            rounds[-1]["ratio"] = rounds[-1]["agent_tps"] / rounds[-1]["direct_tps"]
+        traj = ray.get(first_refs[0])
+        sent = traj.segments[0].input_ids[: len(prompts[0])] if traj.segments else []
+        return {
+            "model": cfg.model.ckpt, "engine": resolve_engine_kind(cfg) if not gpus else "vllm (auto, GPU)",
+            "engine_start_s": engine_start_s, "prompts": len(prompts), "n_samples": r.n_samples,
+            "concurrency": min(len(prompts) * r.n_samples, r.engine_max_batch,
+                               len(workers) * cfg.env.max_concurrency),
+            "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
+            "prompt_tokens": statistics.fmean(len(p) for p in prompts), "prompts_match": sent == prompts[0],
+            "rounds": rounds,
+            "direct_tps": statistics.median(x["direct_tps"] for x in rounds),
+            "agent_tps": statistics.median(x["agent_tps"] for x in rounds),
+            "ratio": statistics.median(x["ratio"] for x in rounds),
+        }
+    finally:
+        for actor in actors[:1]:
+            try:
+                ray.get(actor.shutdown.remote(), timeout=30)
+            except Exception as err:  # going down anyway; say why it was not clean
+                print(f"bench proxy: rollout shutdown: {type(err).__name__}: {err}", flush=True)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        if owns_ray:
+            ray.shutdown()
+
+
+def print_proxy_table(r: dict[str, Any]) -> None:
+    print(f"\nproxy overhead, {r['model']} ({r['engine']}): {r['prompts']} prompts x {r['n_samples']} samples, "
+          f"concurrency {r['concurrency']}, {r['prompt_tokens']:.0f}-token prompts, max_new_tokens {r['max_new_tokens']}")
+    print(f"{'round':<8}{'direct tok/s':>14}{'agent tok/s':>14}{'ratio':>8}{'direct tok':>12}{'agent tok':>11}")
+    for k, x in enumerate(r["rounds"]):
+        print(f"{k:<8}{x['direct_tps']:14.0f}{x['agent_tps']:14.0f}{x['ratio']:8.3f}"
+              f"{x['direct']['tokens']:12.0f}{x['agent']['tokens']:11.0f}")
+    print(f"median: direct {r['direct_tps']:.0f} tok/s, agent path {r['agent_tps']:.0f} tok/s, ratio "
+          f"{r['ratio']:.3f} [goal >= 0.9]; prompts identical on both paths: {r['prompts_match']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    models = f"tiny | {' | '.join(RANDOM_MODELS)}"
+    step = sub.add_parser("step", help="N steps of a config: step-time breakdown, tokens/s, memory per phase")
+    step.add_argument("--config", help="TOML config (overrides win)")
+    step.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up")
+    step.add_argument("--warmup", type=int, default=1, help="first steps left out of the timings")
+    step.add_argument("--model", help=f"{models}, or any model.ckpt value (default: the config's)")
+    step.add_argument("--random-reward", action="store_true", help="score with jobs.bench:random_reward")
+    step.add_argument("--run-dir", help="the job's run directory (default: a new temporary one)")
+    proxy = sub.add_parser("proxy", help="tic-tac-toe prompts: direct engine generate vs the full agent path")
+    proxy.add_argument("--config", help="TOML config (overrides win)")
+    proxy.add_argument("--model", help=f"{models}, or any model.ckpt value (default: the config's)")
+    proxy.add_argument("--rounds", type=int, default=3, help="timed (direct, agent) pairs after a warm-up")
+    for p in (step, proxy):
+        p.add_argument("--cache", default="/tmp/rlsys-bench", help="where named models are built")
+        p.add_argument("--out", help="write the results as JSON here")
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     sync = sub.add_parser("sync", help="weight push learner -> vLLM (CUDA IPC), sleep/wake")
-    sync.add_argument("--model", nargs="+", default=["tiny"], help="tiny | qwen0.5b-random (several: one after the other)")
+    sync.add_argument("--model", nargs="+", default=["tiny"], help=f"{models} (several: one after the other)")
     sync.add_argument("--pushes", type=int, default=20, help="timed pushes after the first")
     sync.add_argument("--cycles", type=int, default=3, help="sleep/wake cycles per level")
     sync.add_argument("--sleep-levels", type=int, nargs="+", default=[1, 2])
@@ -198,7 +489,25 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     sync.add_argument("--cache", default="/tmp/rlsys-bench", help="where model folders are built")
     sync.add_argument("--out", help="write the results as JSON here")
+    build = sub.add_parser("model", help="build a named bench model; prints its folder")
+    build.add_argument("--model", required=True, help=models)
+    build.add_argument("--cache", default="/tmp/rlsys-bench")
     args = parser.parse_args(argv)
+    if args.command == "model":
+        print(model_folder(args.model, Path(args.cache)))
+        return 0
+    if args.command in ("step", "proxy"):
+        from rlsys.errors import UserInputError
+
+        try:
+            result = bench_step(args) if args.command == "step" else bench_proxy(args)
+        except UserInputError as err:
+            print(f"rlsys: {err}", file=sys.stderr)
+            return 2
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+        (print_step_table if args.command == "step" else print_proxy_table)(result)
+        return 0
     # this process touches CUDA before vLLM starts its engine core: fork would break the child
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     results: dict[str, Any] = {}

@@ -18,7 +18,7 @@ import ray
 
 from jobs.placement import make_env_workers, place_actors
 from rlsys import checkpoint as ckpt
-from rlsys.config import Config, dump_config
+from rlsys.config import Config, ConfigError, dump_config
 from rlsys.metrics import rollout_metrics
 from rlsys.data import DatasetError, ItemStream, read_jsonl
 from rlsys.models.resolve import resolve_model
@@ -89,12 +89,31 @@ def validate_chat(item: dict[str, Any]) -> None:
 
 
 def preflight(cfg: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Everything that can be refused before Ray starts: plug-ins, training and held-out data."""
+    """Everything that can be refused before Ray starts: plug-ins, training and held-out data, a memory budget
+    the job does not fit."""
     load_agent(cfg.env.agent_fn)
     load_reward(cfg.env.reward_fn_path)
+    check_memory_budget(cfg)
     items = load_items(cfg)
     wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
     return items, load_eval_items(cfg) if wants_eval else []
+
+
+def check_memory_budget(cfg: Config) -> None:
+    """`rollout.gpu_memory_budget_gib`: estimate the co-located job's GPU memory (rlsys/memory.py) and refuse it
+    (ConfigError, exit 2: the estimate table and settings that fit) if it is over the budget or the device."""
+    if cfg.rollout.gpu_memory_budget_gib is None:
+        return
+    from rlsys.memory import GIB, MemoryBudgetError, check_budget, device_total_bytes_nvml
+
+    try:
+        est = check_budget(cfg, resolve_model(cfg.model.ckpt), device_total_bytes_nvml())
+    except MemoryBudgetError as err:
+        raise ConfigError(str(err)) from None
+    split = est.split()
+    print(f"rlsys: memory budget {cfg.rollout.gpu_memory_budget_gib:g} GiB: estimated {est.total_bytes / GIB:.1f} GiB "
+          f"(learner {est.learner_bytes / GIB:.1f}, engine {est.engine_bytes / GIB:.1f}); shares: learner "
+          f"{split.learner_bytes / GIB:.1f} GiB, engine {split.engine_bytes / GIB:.1f} GiB", flush=True)
 
 
 def load_items(cfg: Config) -> list[dict[str, Any]]:
@@ -152,8 +171,15 @@ class EngineGroup:
     def __init__(self, actors: list[Any]) -> None:
         self.actors = actors
 
-    def sleep(self, level: int) -> None:
-        ray.get([a.sleep.remote(level) for a in self.actors])
+    def sleep(self, level: int) -> dict[str, float]:
+        """Sleep every engine; returns their rollout counters (seconds generating: the longest engine; tokens
+        and requests: summed) and GPU memory in use before/after sleeping (the most any engine saw)."""
+        out: dict[str, float] = {}
+        for stats in ray.get([a.sleep.remote(level) for a in self.actors]):
+            for key, value in (stats or {}).items():
+                summed = key.startswith("perf/")
+                out[key] = out.get(key, 0.0) + value if summed else max(out.get(key, value), value)
+        return out
 
     def wake(self) -> None:
         """After the push: KV cache back, prefix cache reset (it was computed with the old weights)."""

@@ -7,6 +7,7 @@ trajectories into its own process: it sees per-trajectory summaries (scalars) on
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -27,6 +28,7 @@ def run_training(cfg: Config) -> Path:
     checked = preflight(cfg)  # bad plug-ins and data are refused before the run directory or Ray exist
     run_dir = prepare_run_dir(cfg)
     job = Job.start(cfg, checked)
+    startup = StartupClock(job)
     stop = StopRequest()  # after ray.init, which replaces the SIGTERM handler (TRAPS.md)
     logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None, start_step=job.start_step,
                            sinks=[RayGauges(job.namespace)])
@@ -41,7 +43,7 @@ def run_training(cfg: Config) -> Path:
             with timer("rollout"):
                 traj_refs, summaries = job.rollout(items, step)
             with timer("sleep"):
-                job.engines.sleep(level=2 if cfg.rollout.drop_rollout_state else 1)
+                engine_stats = job.engines.sleep(level=2 if cfg.rollout.drop_rollout_state else 1)
             with timer("train"):
                 stats = job.train(traj_refs, summaries)
             with timer("sync"):
@@ -50,7 +52,8 @@ def run_training(cfg: Config) -> Path:
                 job.engines.wake()
             with timer("canary"):
                 canary = job.weights.check_canary()
-            m = {**rollout_metrics(summaries, job.outcome_labels), **stats, **sync, **canary, **timer.pop()}
+            m = {**rollout_metrics(summaries, job.outcome_labels), **engine_stats, **stats, **sync, **canary,
+                 **timer.pop(), **startup.once()}
             m["time/step"] = time.perf_counter() - t0
             m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(m["time/rollout"], 1e-9)
             logger.log(step, m)
@@ -72,6 +75,56 @@ def run_training(cfg: Config) -> Path:
         if ray.is_initialized() and job.owns_ray:
             ray.shutdown()
     return run_dir
+
+
+_IMPORTED_AT = time.time()
+
+
+def process_start_time() -> float:
+    """When this process started (time.time() scale; Linux /proc, ~1 s resolution), else when this module was
+    imported: `rlsys train` and `python -m jobs.train` import it within a second of starting."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        started = btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT
+    return started if started <= _IMPORTED_AT + 1 else _IMPORTED_AT  # a clock oddity: trust the import time
+
+
+class StartupClock:
+    """Start-up as a user sees it: seconds from this process's start to the job being ready (engines up,
+    learner loaded, canary passed), to the engine being ready and to the first sampled token (the first
+    generate that returned). Printed once after Job.start and once after the first step, and recorded in
+    that step's metrics as `startup/*`."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+        self.t0 = process_start_time()
+        self.ready_s = time.time() - self.t0
+        self.pending = True
+        print(f"rlsys: startup: job ready {self.ready_s:.1f} s after the process started", flush=True)
+
+    def once(self) -> dict[str, float]:
+        """The `startup/*` metrics the first time, {} afterwards."""
+        if not self.pending:
+            return {}
+        self.pending = False
+        import ray
+
+        times = ray.get([r.startup_times.remote() for r in self.job.rollouts])
+        firsts = [t["first_sample_at"] for t in times if t.get("first_sample_at")]
+        m = {"startup/job_ready_s": self.ready_s,
+             "startup/engine_build_s": max(t["engine_build_s"] for t in times),
+             "startup/engine_ready_s": max(t["engine_ready_at"] for t in times) - self.t0}
+        if firsts:
+            m["startup/first_sample_s"] = min(firsts) - self.t0
+        first = f"{m['startup/first_sample_s']:.1f} s" if firsts else "-"
+        print(f"rlsys: startup: engine built in {m['startup/engine_build_s']:.1f} s, ready "
+              f"{m['startup/engine_ready_s']:.1f} s and first sampled token {first} after the process started",
+              flush=True)
+        return m
 
 
 class StopRequest:

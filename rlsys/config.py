@@ -80,7 +80,10 @@ class RolloutConfig(_Section):
     enforce_eager: bool = False
     """vLLM: no CUDA graphs / torch.compile (fast start, slower steady state)."""
     gpu_memory_budget_gib: float | None = Field(None, gt=0)
-    """vLLM's share of the GPU in GiB (weights + KV cache); unset = a third of the device."""
+    """GPU memory of the whole co-located job in GiB (vLLM weights + KV cache, learner weights, gradients,
+    optimizer states, activations). Checked before Ray starts against an estimate (rlsys/memory.py; refused,
+    with settings that fit, when over); the learner's allocator is capped at its share and vLLM sized from the
+    rest. Unset: no check, vLLM takes a third of the device and the learner the rest."""
 
 
 class EnvConfig(_Section):
@@ -296,6 +299,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--run-dir": ("run_dir", str),
     "--resume": ("checkpoint.resume", str),
     "--engine": ("rollout.engine", str),
+    "--gpu-memory-budget-gib": ("rollout.gpu_memory_budget_gib", float),
     "--address": ("cluster.address", str),
 }
 

@@ -2,6 +2,8 @@
 # Every GPU check of rlsys, each on its own (one failing does not hide the others), logs into $OUT.
 # On the GPU machine, after the gpu-site bundle is unpacked (../shared/device/README.md), from the repo root:
 #   bash tests/gpu/run_on_device.sh
+# Performance steps (docs/performance.md): startup, startup-eager, bench-step, bench-proxy, bench-sync15, budget-1.5b,
+# e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
 set -u
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -17,7 +19,8 @@ step() {  # step NAME TIMEOUT_S COMMAND...   (STEPS="name ..." runs only those)
   timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$out/summary.log"
-  grep -h -E "^MEASURE|passed|failed|error" "$out/$name.log" | tail -40 >> "$out/summary.log"
+  grep -h -E "^MEASURE|passed|failed|error|rlsys: (startup|memory|learner memory|vLLM gpu)|^overhead|^tokens/s|^GPU memory|^median|^refit|^step breakdown|^proxy overhead" \
+    "$out/$name.log" | tail -40 >> "$out/summary.log"
 }
 { nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
   python3 -c "import vllm, torch, ray, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__)"
@@ -25,4 +28,33 @@ step() {  # step NAME TIMEOUT_S COMMAND...   (STEPS="name ..." runs only those)
 step gpu-engine ${ENGINE_S:-200} python3 -m pytest -m gpu tests/gpu/test_vllm_engine.py -q -s -p no:cacheprovider
 step bench-sync ${BENCH_S:-230} python3 -m jobs.bench sync --model qwen0.5b-random tiny --out "$out/bench-sync.json"
 step gpu-job ${JOB_S:-150} python3 -m pytest -m gpu tests/gpu/test_vllm_job.py -q -s -p no:cacheprovider -k "${JOB_K:-sleep2}"
+# --- performance (docs/performance.md); each step well under 4 minutes on an H200 ---
+BENCH=/tmp/rlsys-bench  # the random Qwen2.5-shaped models are built here once (python -m jobs.bench model)
+TTT="--config configs/tictactoe-tiny-cpu.toml"
+# start-up from `rlsys train` to the first sampled token, cold: CUDA graphs + torch.compile (the default), then eager
+step startup ${STARTUP_S:-280} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
+  python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup logging.progress=false"
+step startup-eager ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
+  python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager logging.progress=false \
+  rollout.enforce_eager=true"
+# the step-time breakdown: 0.5B random, 64 episodes x 64 tokens per step, 8-bit Adam, 4 timed steps after 1 warm-up
+step bench-step ${BENCH_STEP_S:-280} python3 -m jobs.bench step $TTT --model qwen0.5b-random --cache $BENCH --steps 4 \
+  --random-reward --run-dir /tmp/rlsys-bench-step --out "$out/bench-step.json" rollout.batch_size=8 rollout.n_samples=8 \
+  rollout.max_new_tokens=64 learner.mini_bs=8 learner.adam_8bit=true rollout.max_model_len=512 \
+  rollout.enforce_eager=${STEP_EAGER:-true} logging.tensorboard=false
+# direct vLLM generate vs the agent path, 16 prompts x 8 samples = 128 in flight, 128 tokens each
+step bench-proxy ${BENCH_PROXY_S:-240} python3 -m jobs.bench proxy $TTT --model qwen0.5b-random --cache $BENCH --rounds 3 \
+  --out "$out/bench-proxy.json" rollout.batch_size=16 rollout.n_samples=8 rollout.max_new_tokens=128 \
+  rollout.max_model_len=512 rollout.engine_max_batch=128 env.max_concurrency=128 rollout.enforce_eager=${PROXY_EAGER:-true}
+# the weight push of a 1.5B model (goal < 10 ms/GiB)
+step bench-sync15 ${BENCH_S:-240} python3 -m jobs.bench sync --model qwen1.5b-random --cache $BENCH --out "$out/bench-sync15.json"
+# the tic-tac-toe job with a random 1.5B model under a 24 GiB budget: 3 steps after a warm-up, peak memory per phase
+step budget-1.5b ${BUDGET_S:-280} python3 -m jobs.bench step $TTT --model qwen1.5b-random --cache $BENCH --steps 3 \
+  --random-reward --run-dir /tmp/rlsys-budget --out "$out/budget-1.5b.json" rollout.gpu_memory_budget_gib=24 \
+  rollout.batch_size=8 rollout.n_samples=8 rollout.max_new_tokens=64 learner.mini_bs=2 learner.adam_8bit=true \
+  model.gradient_checkpointing=true rollout.max_model_len=512 rollout.enforce_eager=true logging.tensorboard=false
+for f in /tmp/rlsys-startup/metrics.jsonl /tmp/rlsys-startup-eager/metrics.jsonl; do
+  [ -f "$f" ] && cp "$f" "$out/$(basename "$(dirname "$f")")-metrics.jsonl"
+done
+nvidia-smi --query-gpu=memory.used --format=csv >> "$out/summary.log" 2>&1
 echo "=== done in $SECONDS s" | tee -a "$out/summary.log"

@@ -1,0 +1,129 @@
+"""`rlsys tune`: settings of a job that fit a GPU memory budget (like AReno's --tune-params), from the estimate
+in rlsys/memory.py; no GPU needed.
+
+    rlsys tune --config configs/tictactoe-tiny-cpu.toml --ckpt MODEL --gpu-memory-budget-gib 24
+
+Prints the estimate of the config as given, and if it does not fit (or fits with room to spare) the settings
+that look fastest within the budget: gradient checkpointing, 8-bit Adam, the micro-batch (`learner.mini_bs`,
+a divisor of the sequences per optimizer step), the engine's concurrent sequences (`rollout.engine_max_batch`,
+up to the episodes of a step) and, when the prompt length is known, a tighter `rollout.max_model_len`. Then the
+command line to use. The prompt length is measured on the tic-tac-toe prompt when the agent is the built-in one,
+or given with `--prompt-tokens`; otherwise every sequence is assumed `max_model_len` long (the worst case).
+Exit status: 0 when something fits, 2 when nothing does (or the input is bad).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import replace
+
+from rlsys.config import Config, add_config_args, config_from_args
+from rlsys.errors import UserInputError
+from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, suggest
+
+TICTACTOE_AGENT = "rlsys.envs.tictactoe.agent:agent"
+
+
+def measured_prompt_tokens(cfg: Config, model_path: str) -> int | None:
+    """The longest tic-tac-toe prompt (chat template + tool) over a few training boards, in the model's tokens;
+    None for other agents or datasets (their prompts are unknown here)."""
+    if cfg.env.agent_fn != TICTACTOE_AGENT or cfg.data.dataset_path or cfg.algo.name == "sft":
+        return None
+    from transformers import AutoTokenizer
+
+    from jobs.bench import tictactoe_prompts
+    from rlsys.envs.tictactoe.dataset import make_dataset
+
+    items = make_dataset(min(cfg.data.num_items, 16), cfg.data.seed)
+    return max(len(p) for p in tictactoe_prompts(items, AutoTokenizer.from_pretrained(model_path)))
+
+
+def tighter_max_model_len(job: JobShape, prompt_tokens: int | None, max_new_tokens: int) -> int | None:
+    """prompt + max_new_tokens with a quarter of headroom, rounded up to 128; None if not below the current."""
+    if prompt_tokens is None:
+        return None
+    length = int(math.ceil((prompt_tokens + max_new_tokens) * 1.25 / 128) * 128)
+    return length if length < job.max_model_len else None
+
+
+def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | None = None,
+         config_path: str | None = None) -> tuple[int, str]:
+    """(exit status, report) for ``cfg`` under ``budget_gib``."""
+    shape = ModelShape.from_config(read_model_config(model_path))
+    job = JobShape.from_config(cfg, prompt_tokens)
+    r = cfg.rollout
+    episodes = r.batch_size * (1 if cfg.algo.name == "sft" else r.n_samples)
+    per_minibatch = episodes // cfg.algo.n_minibatches
+    prompt = f"{prompt_tokens}-token prompts" if prompt_tokens else "prompt length unknown: sequences of max_model_len"
+    lines = [f"rlsys tune: {model_path}, budget {budget_gib:g} GiB, {episodes} episodes/step, "
+             f"{per_minibatch} sequences per optimizer step, {prompt}", "", "as configured:"]
+    current = estimate(shape, job, budget_gib)
+    lines.append(current.table())
+    lines.append(f"  -> {'fits' if current.fits else 'does NOT fit'}")
+    proposal = suggest(shape, job, budget_gib, per_minibatch=per_minibatch, max_concurrency=episodes)
+    tighter = tighter_max_model_len(job, prompt_tokens, r.max_new_tokens)
+    if tighter is not None:
+        shorter = suggest(shape, replace(job, max_model_len=tighter), budget_gib, per_minibatch=per_minibatch,
+                          max_concurrency=episodes)
+        if shorter is not None and (proposal is None or shorter.estimate.total_bytes < proposal.estimate.total_bytes
+                                    and shorter.job.mini_bs >= proposal.job.mini_bs):
+            shorter.changed["rollout.max_model_len"] = tighter
+            proposal = shorter
+        elif proposal is not None:
+            lines.append(f"(rollout.max_model_len {tighter} would also do for these prompts; it saves no memory here)")
+    if proposal is None:
+        from rlsys.memory import minimum_bytes
+
+        lines.append(f"\nnothing fits {budget_gib:g} GiB: even one sequence per micro-batch with checkpointing and "
+                     f"8-bit Adam needs ~{minimum_bytes(shape, job) / GIB:.1f} GiB; raise the budget or use a "
+                     "smaller model")
+        return 2, "\n".join(lines)
+    lines += ["", "proposed:", proposal.estimate.table(),
+              f"  -> fits, {(proposal.estimate.budget_bytes - proposal.estimate.total_bytes) / GIB:.1f} GiB to spare"]
+    if proposal.changed:
+        lines.append("\nchanges: " + ", ".join(f"{k} {_value(getattr_dotted(cfg, k))} -> {_value(v)}"
+                                                for k, v in proposal.changed.items()))
+    else:
+        lines.append("\nthe configuration as given is already the fastest that fits")
+    base = ([f"--config {config_path}"] if config_path else []) + [f"--ckpt {cfg.model.ckpt}"]
+    lines.append("use: rlsys train " + " ".join([*base, f"--gpu-memory-budget-gib {budget_gib:g}", *proposal.flags()]))
+    return 0, "\n".join(lines)
+
+
+def getattr_dotted(cfg: Config, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlsys tune", description=__doc__.splitlines()[0])
+    add_config_args(parser)
+    parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default: measured for the "
+                        "tic-tac-toe agent, else sequences are assumed max_model_len long)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        budget = cfg.rollout.gpu_memory_budget_gib
+        if budget is None:
+            raise UserInputError("rlsys tune needs a budget: --gpu-memory-budget-gib GIB")
+        from rlsys.models.resolve import resolve_model
+
+        model_path = resolve_model(cfg.model.ckpt)
+        prompt = args.prompt_tokens or measured_prompt_tokens(cfg, model_path)
+        status, report = tune(cfg, model_path, budget, prompt, args.config)
+    except UserInputError as err:
+        print(f"rlsys: {err}", file=sys.stderr)
+        return 2
+    print(report)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

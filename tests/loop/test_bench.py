@@ -1,0 +1,71 @@
+"""`python -m jobs.bench step` and `proxy` on CPU: the real job (tiny model, transformers engine) for two steps,
+and the direct-engine vs agent-path comparison; the JSON has every key docs/performance.md reads."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _flags_as_overrides() -> list[str]:
+    # the bench takes dotted overrides (its own flags are --steps, --model ...)
+    return ["rollout.batch_size=2", "rollout.n_samples=2", "rollout.max_new_tokens=8", "learner.mini_bs=4",
+            "data.num_items=16", "logging.tensorboard=false"]
+
+
+def test_bench_step_reports_the_breakdown_of_two_steps(ray_local, tmp_path, capsys):
+    from jobs.bench import main
+
+    out = tmp_path / "step.json"
+    rc = main(["step", "--config", "configs/tictactoe-tiny-cpu.toml", "--steps", "1", "--warmup", "1",
+               "--random-reward", "--run-dir", str(tmp_path / "run"), "--out", str(out), *_flags_as_overrides()])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["steps_timed"] == 1 and r["warmup"] == 1 and len(r["per_step"]) == 2
+    phases = r["phases"]
+    for name in ("generation", "agent/reward/proxy", "sleep", "train", "  learner compute", "  trajectory fetch",
+                 "push", "wake", "canary", "driver/object store", "step"):
+        assert phases[name] is not None, f"phase {name!r} missing"
+    step = phases["step"]["mean"]
+    assert phases["generation"]["mean"] > 0 and phases["  learner compute"]["mean"] > 0
+    parts = sum(phases[k]["mean"] for k in ("generation", "agent/reward/proxy", "sleep", "train", "push", "wake",
+                                            "canary", "driver/object store"))
+    assert parts == pytest.approx(step, rel=1e-6)
+    assert 0.0 <= r["overhead_frac"]["mean"] < 1.0
+    assert r["tokens_per_s_rollout"]["mean"] > 0 and r["tokens_per_s_generation"]["mean"] > 0
+    assert r["memory_gib"] is None  # no GPU here
+    startup = r["startup"]
+    # seconds since this (pytest) process started: ordered, not bounded
+    assert 0 < startup["engine_ready_s"] <= startup["job_ready_s"] < startup["first_sample_s"]
+    assert 0 < startup["engine_build_s"] < startup["engine_ready_s"]
+    # the random reward gave the groups a spread: the learner trained on sequences
+    assert all(row.get("time/learner_compute", 0) > 0 for row in r["per_step"])
+    assert "overhead 1 - (generation + learner compute)/step" in capsys.readouterr().out
+
+
+def test_bench_proxy_compares_direct_generation_with_the_agent_path(ray_local, tmp_path, capsys):
+    from jobs.bench import main
+
+    out = tmp_path / "proxy.json"
+    rc = main(["proxy", "--config", "configs/tictactoe-tiny-cpu.toml", "--rounds", "1", "--out", str(out),
+               *_flags_as_overrides()])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["prompts_match"] is True, "the direct path rendered other prompts than the proxy"
+    assert r["prompts"] == 2 and r["n_samples"] == 2 and r["concurrency"] == 4
+    (rnd,) = r["rounds"]
+    assert rnd["direct"]["requests"] == rnd["agent"]["requests"] == 4 and rnd["agent"]["failed"] == 0
+    assert rnd["direct"]["tokens"] > 0 and rnd["agent"]["tokens"] > 0
+    assert math.isclose(r["ratio"], r["agent_tps"] / r["direct_tps"], rel_tol=1e-9)
+    assert "ratio" in capsys.readouterr().out
+
+
+def test_random_reward_is_deterministic_and_spread():
+    from jobs.bench import random_reward
+
+    values = [random_reward({"output": {"content": f"move {k}"}}) for k in range(50)]
+    assert all(-1.0 <= v <= 1.0 for v in values) and len(set(values)) == 50
+    assert random_reward({"output": {"content": "move 3"}}) == values[3]
