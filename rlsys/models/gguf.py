@@ -138,9 +138,9 @@ def _fix_qwen_tokenizer(tok, generation_config) -> bool:
     expected = {t: vocab[t] for t in QWEN_SPECIAL + QWEN_PLAIN if t in vocab}
     added = set(tok.get_added_vocab())
     special = [t for t in QWEN_SPECIAL if t in vocab and t not in added]
-    if special:
-        tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", *special]},
-                               replace_additional_special_tokens=False)
+    if special:  # add_tokens(special_tokens=True): the same in transformers 4.x and 5.x (add_special_tokens's
+        # list argument was renamed from additional_ to extra_special_tokens in 5.x)
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in special], special_tokens=True)
     plain = [t for t in QWEN_PLAIN if t in vocab and t not in added]
     if plain:
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])

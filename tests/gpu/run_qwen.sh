@@ -42,7 +42,7 @@ case ${MODE:-sweep} in
     done ;;
   resume)
     train "${RUN:?RUN=name of the run to continue}" "$(left)" --config configs/tictactoe-qwen0.5b.toml \
-      --ckpt "$gguf" --resume auto --max-steps "${STEPS:-400}" --lr "${LR:?LR=the run's learning rate}" ${EXTRA:-} ;;
+      --ckpt "$gguf" --resume auto --max-steps "${STEPS:-400}" --lr "${LR:?set LR to the learning rate of the run}" ${EXTRA:-} ;;
   game)
     train game "$(left)" --config configs/tictactoe-game-qwen0.5b.toml --ckpt "$gguf" --max-steps "${STEPS:-40}" ${EXTRA:-} ;;
 esac
