@@ -69,7 +69,14 @@ def _run_report(argv: list[str]) -> int:
     return report.main(argv) or 0
 
 
-PASSTHROUGH.update({"eval": _run_eval, "play": _run_play, "check": _run_check, "report": _run_report})
+def _run_tune(argv: list[str]) -> int:
+    from jobs import tune
+
+    return tune.main(argv) or 0
+
+
+PASSTHROUGH.update({"eval": _run_eval, "play": _run_play, "check": _run_check, "report": _run_report,
+                    "tune": _run_tune})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("play", help="play tic-tac-toe against a checkpoint in the browser (127.0.0.1)")
     sub.add_parser("check", help="what this machine has (Python, torch, CUDA, vLLM, Ray) and what a job would use")
     sub.add_parser("report", help="summary and PNG plots of a run directory")
+    sub.add_parser("tune", help="GPU memory estimate of a config, and settings that fit a --gpu-memory-budget-gib")
     return parser
 
 

@@ -68,6 +68,9 @@ def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iter
     breaks = sum(s.segment_breaks for s in summaries)
     out["rollout/segment_breaks"] = float(breaks)
     out["rollout/segment_break_rate"] = breaks / max(1, sum(max(s.num_turns - 1, 0) for s in summaries))
+    # later turns: prompt continued from the recorded ids vs re-rendered from the messages (rlsys/proxy)
+    out["rollout/prompt_from_ids"] = float(sum(s.prompt_from_ids for s in summaries))
+    out["rollout/re_rendered"] = float(sum(s.re_rendered for s in summaries))
     counts = Counter(failure_kind(s.fail_reason) if s.failed else (s.outcome or "unlabelled") for s in summaries)
     for label in outcome_labels:
         counts.setdefault(label, 0)

@@ -349,6 +349,7 @@ def test_real_model_sessions_match_the_engine_tokens_and_breaks_reach_the_metric
         metrics = rollout_metrics(summaries)
         assert metrics["rollout/num_turns_mean"] == 3.0
         assert metrics["rollout/segment_breaks"] == 0
+        assert (metrics["rollout/prompt_from_ids"], metrics["rollout/re_rendered"]) == (2.0 * len(trajs), 0.0)
         job.engines.sleep(level=2)
         stats = job.train(traj_refs, summaries)
         assert stats["train/skipped_steps"] == 0 and stats["train/num_sequences"] == sum(len(t.segments) for t in trajs)
