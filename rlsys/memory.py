@@ -340,8 +340,9 @@ def budget_split(cfg: Any, model_path: str | os.PathLike) -> BudgetSplit | None:
     return job_estimate(cfg, model_path).split()
 
 
-def device_total_bytes_nvml() -> int | None:
-    """Total memory of the first visible GPU through NVML, or None (no NVML, no GPU); no CUDA context made."""
+def _nvml_memory_info():
+    """NVML's memory info (total, used, free) of the first visible GPU, or None (no NVML, no GPU). Makes no CUDA
+    context, so a driver can read it before Ray or vLLM start."""
     try:
         import pynvml  # noqa: PLC0415 (nvidia-ml-py, a vLLM dependency)
 
@@ -351,25 +352,21 @@ def device_total_bytes_nvml() -> int | None:
             handle = pynvml.nvmlDeviceGetHandleByUUID(visible)
         else:
             handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible))
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    except Exception:  # ImportError, NVMLError (no driver, no device): the caller treats None as unknown
+        return pynvml.nvmlDeviceGetMemoryInfo(handle)
+    except Exception:  # ImportError, NVMLError (no driver, no device): the callers treat None as unknown
         return None
+
+
+def device_total_bytes_nvml() -> int | None:
+    """Total memory of the first visible GPU, or None without NVML."""
+    info = _nvml_memory_info()
+    return None if info is None else int(info.total)
 
 
 def device_used_bytes_nvml() -> int | None:
     """Memory in use on the first visible GPU (every process on it), or None without NVML."""
-    try:
-        import pynvml  # noqa: PLC0415
-
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-        if visible.startswith(("GPU-", "MIG-")):
-            handle = pynvml.nvmlDeviceGetHandleByUUID(visible)
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible))
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-    except Exception:  # as above
-        return None
+    info = _nvml_memory_info()
+    return None if info is None else int(info.used)
 
 
 def check_budget(cfg: Any, model_path: str | os.PathLike, device_bytes: int | None = None) -> Estimate | None:
