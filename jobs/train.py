@@ -156,10 +156,19 @@ def evaluate(job, logger: MetricsLogger, step: int, tag: str) -> dict[str, float
     metrics = job.evaluate(tag)
     metrics["time/eval"] = time.perf_counter() - t0
     logger.log_eval(step, tag, metrics)
-    rates = "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in metrics.items()
-                      if k.endswith("_rate") or k == "eval/rewards_mean")
-    print(f"eval[{tag}] after {step} steps: {rates}", flush=True)
+    print(f"eval[{tag}] after {step} steps ({metrics['time/eval']:.1f} s): {eval_line(metrics)}", flush=True)
     return metrics
+
+
+def eval_line(metrics: dict[str, float]) -> str:
+    """The reward and the outcome rates of the default prompt, then each perturbation's, compactly."""
+    def rates(prefix: str) -> str:
+        keys = [k for k in metrics if k.startswith(prefix) and "/" not in k[len(prefix):]
+                and ((k.endswith("_rate") and not k.endswith("segment_break_rate")) or k.endswith("rewards_mean"))]
+        return " ".join(f"{k[len(prefix):].removesuffix('_rate').removesuffix('_move')} {metrics[k]:.3f}" for k in keys)
+
+    variants = sorted({k.split("/")[1] for k in metrics if k.startswith("eval/") and k.count("/") == 2})
+    return "  |  ".join([rates("eval/")] + [f"{v}: {rates(f'eval/{v}/')}" for v in variants if rates(f"eval/{v}/")])
 
 
 def prepare_run_dir(cfg: Config) -> Path:
