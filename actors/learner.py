@@ -112,6 +112,7 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.optimizer_steps = 0
         self._packer: BucketPacker | None = None
+        self._fused_pack = None  # FusedPack over the packer, made by the first export
         low, high = cfg.algo.clip_eps()
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
@@ -320,24 +321,46 @@ class Learner:
 
     # --- weights out ---------------------------------------------------------------------------
     @torch.no_grad()
-    def export_weights(self, transport: str = "object_store", bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Any:
+    def export_weights(self, transport: str = "object_store", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                       route: Any = None) -> Any:
         """Parameters packed into reusable buckets (allocated on the first call, refilled afterwards),
-        turned into the transport's payload."""
+        turned into the transport's payload. `collective` takes the driver's `CollectiveRoute` and broadcasts
+        the buckets to the route's engines itself (joining the route's group on first use)."""
         from rlsys.weights.transport import FusedPack
 
         named = list(self.model.named_parameters())
-        if self._packer is None:
-            cast = self.dtype if self.param_dtype != self.dtype else None  # fp32 master -> the engine's dtype
-            self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device, dtype=cast)
+        self._bucket_packer(bucket_bytes, named)
+        if self._fused_pack is None:
             self._fused_pack = FusedPack(self._packer, named)  # packs the first push itself
             buckets = self._fused_pack.buckets
         else:
             buckets = self._fused_pack.pack(named)  # one fused copy into the reused buffers
-        # one transport object per name for the learner's lifetime: cuda_ipc makes each buffer's handle once
+        # one transport object per name for the learner's lifetime: cuda_ipc makes each buffer's handle once,
+        # collective keeps its joined groups
         transports = self.__dict__.setdefault("_transports", {})
         if transport not in transports:
             transports[transport] = make_transport(transport)
+        if transport == "collective":
+            return transports[transport].export(buckets, route)
         return transports[transport].export(buckets)
+
+    def weight_plan(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list:
+        """The bucket layout every push uses (list of buckets, each a list of `TensorMeta`): what a collective
+        receiver needs once to allocate its buffers."""
+        return self._bucket_packer(bucket_bytes, list(self.model.named_parameters())).plan
+
+    def _bucket_packer(self, bucket_bytes: int, named: list[tuple[str, torch.Tensor]]) -> BucketPacker:
+        if self._packer is None:
+            cast = self.dtype if self.param_dtype != self.dtype else None  # fp32 master -> the engine's dtype
+            self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device, dtype=cast)
+        return self._packer
+
+    def device_where(self) -> dict[str, Any]:
+        """Where this rank's weights live: node, Ray's GPU ids, whether on CUDA (choose_transport reads it)."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "on_gpu": self.device.type == "cuda"}
 
     def ipc_collect(self) -> None:
         """After the engines answered a push: free CUDA memory the engines no longer map (a no-op while the

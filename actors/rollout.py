@@ -117,8 +117,8 @@ class RolloutWorker:
     def __init__(self, cfg: Config, model_path: str, *, api_token: str | None = None,
                  num_threads: int | None = None, transport: str | None = None) -> None:
         """``transport``: how weights arrive. `auto` (or unset with `sync.transport = auto`) is resolved in
-        `start`, where the engine is known: CUDA IPC for a vLLM engine (the placement puts it on its learner
-        rank's GPU), the object store otherwise."""
+        `start`, where the engine is known: CUDA IPC for a vLLM engine, the object store otherwise; the driver
+        then sets the transport the placement calls for (`set_transport`)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
@@ -158,8 +158,17 @@ class RolloutWorker:
         import ray
 
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        gpu_ids = [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
+        # "on_gpu": the engine's weights live on a GPU (vLLM); with "node_id" and Ray's "gpu_ids" the driver
+        # picks the weight transport (jobs/placement.py choose_transport) and calls `set_transport`
         return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self._transport_name,
-                "node_id": node_id}
+                "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm"}
+
+    async def set_transport(self, name: str) -> None:
+        """How weights arrive from now on (the driver's choice by placement: cuda_ipc, collective, object_store)."""
+        if name != self._transport_name:
+            self._transport_name = name
+            self.transport = make_transport(name)
 
     async def set_temperature(self, temperature: float | None) -> None:
         """Sampling temperature of requests that name none (evaluation is greedy); None = the config's."""
@@ -205,7 +214,8 @@ class RolloutWorker:
             await self.engine.reset_prefix_cache()
 
     async def load_weights(self, payload: Any) -> int:
-        """Load a transport payload in place; returns the number of tensors loaded."""
+        """Load a transport payload in place; returns the number of tensors loaded. For `collective` the payload
+        is a `CollectiveTicket` and the bytes arrive by broadcast while this call runs."""
         return await self.engine.load_payload(self.transport, payload)
 
     async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:

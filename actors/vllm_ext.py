@@ -1,4 +1,4 @@
-"""The vLLM worker extension: weight loading by CUDA IPC (or from CPU buckets) inside vLLM's worker process.
+"""The vLLM worker extension: weight loading by CUDA IPC, NCCL broadcast or from CPU buckets inside vLLM's worker.
 
 vLLM mixes this class into its GPU worker when the engine is built with
 `worker_extension_cls="actors.vllm_ext.WorkerExtension"` (vLLM's examples/offline_inference/rlhf_utils.py is
@@ -43,6 +43,28 @@ class WorkerExtension:
         for bucket in pickle.loads(payload):
             on_device = WeightBucket(buffer=bucket.buffer.to(self.device, non_blocking=True), metas=bucket.metas)
             named.extend(unpack_bucket(on_device))
+        info = self._rlsys_load(named)
+        info["worker_ms"] = (time.perf_counter() - start) * 1e3
+        return info
+
+    def rlsys_load_collective(self, payload: bytes) -> dict:
+        """Load a pickled `CollectiveTicket`: join the route's group on first use (vLLM's rlhf_utils.py
+        `init_weight_update_group`), receive every bucket by broadcast into buffers on this worker's device
+        (allocated once from the ticket's plan), then load them as the other paths do."""
+        from rlsys.weights.buckets import unpack_bucket
+        from rlsys.weights.collective import CollectiveTransport
+
+        start = time.perf_counter()
+        transport = getattr(self, "_rlsys_collective", None)
+        if transport is None:
+            transport = self._rlsys_collective = CollectiveTransport()
+        ticket = pickle.loads(payload)
+        from vllm.distributed.parallel_state import get_world_group
+
+        if get_world_group().world_size != 1:  # tp_size 1: the engine's one worker takes the ticket's rank
+            raise NotImplementedError(f"weight route {ticket.route.name}: tensor-parallel engines need a rank "
+                                      "per worker (rank offset = the worker's rank, as vLLM's rlhf_utils.py)")
+        named = [v for bucket in transport.receive_buckets(ticket, self.device) for v in unpack_bucket(bucket)]
         info = self._rlsys_load(named)
         info["worker_ms"] = (time.perf_counter() - start) * 1e3
         return info

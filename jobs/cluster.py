@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from jobs.placement import make_env_workers, place_actors
+from jobs.placement import choose_transport, make_env_workers, place_actors
 from rlsys import checkpoint as ckpt
 from rlsys.config import Config, ConfigError, dump_config
 from rlsys.metrics import rollout_metrics
@@ -24,6 +24,7 @@ from rlsys.data import DatasetError, ItemStream, read_jsonl
 from rlsys.models.resolve import resolve_model
 from rlsys.plugins import load_agent, load_reward
 from rlsys.types import Trajectory, TrajectorySummary
+from rlsys.weights.collective import DEFAULT_TIMEOUT_S
 
 
 def init_ray(cfg: Config, namespace: str) -> bool:
@@ -190,19 +191,26 @@ class EngineGroup:
 class WeightSync:
     """Learners -> engines, behind one call (`push`), then the canary (`check_canary`).
 
-    Engine i is fed by learner rank `sources[i]`, the rank on its GPU (or node), so every payload travels
-    by the cheapest transport; all ranks hold the same weights, so any rank is a correct source."""
+    Engine i is fed by learner rank `sources[i]`, the rank on its GPU (or node), by the transport the placement
+    chose for that pair (`jobs.placement.choose_transport`); all ranks hold the same weights, so any rank is a
+    correct source. `collective` routes (one group per source rank and the engines it feeds) are opened on the
+    first push: the bucket plan goes to the engines once, then each push is the learner's broadcasts and the
+    engines' receives, running at the same time."""
 
     learners: list[Any]
     engines: list[Any]
     sources: list[int]  # (E,) learner rank feeding each engine
-    transports: list[str]  # (E,) how weights reach each engine: "cuda_ipc" (same GPU) or "object_store"
+    transports: list[str]  # (E,) how weights reach each engine: "cuda_ipc", "collective" or "object_store"
     bucket_bytes: int
     expected_count: int
     canary_prompt: list[int]
     canary_continuation: list[int]
     canary_tol: float
     canary_enabled: bool = True
+    collective_backend: str = "gloo"  # "nccl" when learners and engines are on GPUs
+    collective_timeout_s: float = DEFAULT_TIMEOUT_S  # rendezvous and broadcast timeout of collective routes
+    _routes: dict[int, Any] = field(default_factory=dict, repr=False)  # source rank -> CollectiveRoute
+    _tickets: dict[int, Any] = field(default_factory=dict, repr=False)  # engine index -> CollectiveTicket
 
     @property
     def learner(self) -> Any:
@@ -212,9 +220,16 @@ class WeightSync:
         """Wake the engines' weights (not their KV cache), load the learners' weights, check the count."""
         ray.get([e.wake.remote(["weights"]) for e in self.engines])
         routes = sorted(set(zip(self.sources, self.transports)))
-        payloads = {(r, t): self.learners[r].export_weights.remote(t, self.bucket_bytes) for r, t in routes}
-        counts = ray.get([e.load_weights.remote(payloads[route])
-                          for e, route in zip(self.engines, zip(self.sources, self.transports))])
+        payloads = {(r, t): self.learners[r].export_weights.remote(t, self.bucket_bytes)
+                    for r, t in routes if t != "collective"}
+        tickets = self._collective_tickets()
+        sends = [self.learners[r].export_weights.remote("collective", self.bucket_bytes, route)
+                 for r, route in self._routes.items()]  # broadcasts, met by the engines' receives below
+        counts = ray.get([e.load_weights.remote(tickets[i] if t == "collective" else payloads[(r, t)])
+                          for i, (e, r, t) in enumerate(zip(self.engines, self.sources, self.transports))])
+        ray.get(sends)
+        for i in tickets:  # the plan went with the first push
+            tickets[i].plan = None
         if "cuda_ipc" in self.transports:  # the engines answered: IPC memory they released can go
             ray.get([self.learners[r].ipc_collect.remote() for r, t in routes if t == "cuda_ipc"])
         for i, count in enumerate(counts):
@@ -222,6 +237,27 @@ class WeightSync:
                 raise RuntimeError(f"weight push: engine {i} loaded {count} tensors, the learner sent "
                                    f"{self.expected_count}; refusing to roll out with partly stale weights")
         return {"sync/tensors": float(self.expected_count)}
+
+    def _collective_tickets(self) -> dict[int, Any]:
+        """Engine index -> its CollectiveTicket; on the first call, a route (group) per source rank: the rank's
+        node IP and a free port (it hosts the store), and the bucket plan fetched once from a learner."""
+        from rlsys.weights.collective import CollectiveRoute, CollectiveTicket
+
+        fed: dict[int, list[int]] = {}
+        for i, (r, t) in enumerate(zip(self.sources, self.transports)):
+            if t == "collective":
+                fed.setdefault(r, []).append(i)
+        if fed and not self._routes:
+            plan = ray.get(self.learners[min(fed)].weight_plan.remote(self.bucket_bytes))
+            for r, engines in sorted(fed.items()):
+                host, port = ray.get(self.learners[r].address.remote())
+                route = CollectiveRoute(
+                    name=f"learner-{r} -> " + ", ".join(f"rollout-{i}" for i in engines), host=host, port=port,
+                    world_size=1 + len(engines), backend=self.collective_backend, timeout_s=self.collective_timeout_s)
+                self._routes[r] = route
+                self._tickets.update({i: CollectiveTicket(route=route, rank=k + 1, plan=plan)
+                                      for k, i in enumerate(engines)})
+        return self._tickets
 
     def check_canary(self) -> dict[str, float]:
         if not self.canary_enabled:
@@ -278,8 +314,8 @@ class Job:
             ray.get([rank.init_distributed.remote(r, len(learners), f"tcp://{ip}:{port}")
                      for r, rank in enumerate(learners)])
         infos = ray.get([r.start.remote() for r in placed.rollouts])
-        proxies = [{**info, "actor": r} for info, r in zip(infos, placed.rollouts)]
-        transports = [info["transport"] for info in infos]
+        transports, backend = choose_transports(cfg, learners, placed.rollouts, sources, infos)
+        proxies = [{**info, "transport": t, "actor": r} for info, t, r in zip(infos, transports, placed.rollouts)]
         print(f"rlsys: {len(learners)} learner rank(s), {len(infos)} engine(s); weights by "
               f"{', '.join(sorted(set(transports)))}", flush=True)
         prompt, continuation = canary_sequence(model_path)
@@ -288,7 +324,7 @@ class Job:
             learners=learners, engines=placed.rollouts, sources=sources, transports=transports,
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
             canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
-            canary_enabled=cfg.sync.canary,
+            canary_enabled=cfg.sync.canary, collective_backend=backend,
         )
         env_workers = make_env_workers(cfg, nodes=[info["node_id"] for info in infos])
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)
@@ -449,6 +485,22 @@ def _gather(refs: list[Any], progress: bool, desc: str) -> list[TrajectorySummar
                     out[index[r]] = None
                 bar.update(1)
     return out
+
+
+def choose_transports(cfg: Config, learners: list[Any], rollouts: list[Any], sources: list[int],
+                      infos: list[dict[str, Any]]) -> tuple[list[str], str]:
+    """Per engine, the transport from its source rank (`sync.transport`, `auto` resolved by where both landed),
+    set on the engine and logged; and the collective routes' backend (nccl when learners and engines are on
+    GPUs, else gloo)."""
+    wheres = ray.get([rank.device_where.remote() for rank in learners])
+    transports = []
+    for i, (info, r) in enumerate(zip(infos, sources)):
+        transport, why = choose_transport(cfg.sync.transport, wheres[r], info)
+        print(f"rlsys: weights learner-{r} -> rollout-{i}: {transport} ({why})", flush=True)
+        transports.append(transport)
+    ray.get([rollout.set_transport.remote(t) for rollout, t in zip(rollouts, transports)])
+    on_gpus = all(w["on_gpu"] for w in wheres) and all(info.get("on_gpu") for info in infos)
+    return transports, "nccl" if on_gpus else "gloo"
 
 
 def canary_sequence(model_path: str) -> tuple[list[int], list[int]]:

@@ -1,6 +1,7 @@
 """Where the job's actors go: learner ranks, rollout actors (engine + proxy) and env workers.
 
-CPU (no GPU in the cluster): one learner and one engine with `num_gpus=0`, weights through the object store.
+CPU (no GPU in the cluster): one learner and one engine with `num_gpus=0`, weights through the object store
+(or gloo broadcasts with `sync.transport = "collective"`).
 GPUs: one placement group with a `{"GPU": 1, "CPU": k}` bundle per GPU of `cluster.world_size`; learner rank r
 and engine r share bundle r with fractional `num_gpus` and take turns (rollout, then train), so weights go
 by CUDA IPC on one GPU. Bundles may sit on several nodes. vLLM's memory share is not set here: the rollout
@@ -8,6 +9,8 @@ actor derives `gpu_memory_utilization` from `rollout.gpu_memory_budget_gib` and 
 workers run on CPU, outside the bundles, on the node of the engine they call.
 The driver sees the same `Placement` either way; Ray with fake GPUs (`num_gpus` on a CPU box) exercises
 the GPU layout on CPU with the transformers engine and the object store (tests/loop/test_scale_out.py).
+How weights travel is chosen per engine from where its source rank and it actually landed
+(`choose_transport`, called by the driver once the engines report their device).
 """
 from __future__ import annotations
 
@@ -80,7 +83,7 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
     token = secrets.token_urlsafe(24)
     learner = ray.remote(Learner).options(name="learner-0", num_cpus=0).remote(cfg, model_path, num_threads=threads)
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024).remote(
-        cfg, model_path, api_token=token, num_threads=threads, transport="object_store")
+        cfg, model_path, api_token=token, num_threads=threads, transport=cfg.sync.transport)
     half = cfg.model.dtype in ("bfloat16", "float16")  # "auto" is float32 on CPU
     return Placement(learners=[learner], rollouts=[rollout], sources=[0],
                      canary_tol=BF16_CANARY_TOL if half else FP32_CANARY_TOL)
@@ -126,3 +129,34 @@ def gpu_actor_env() -> dict[str, str]:
     repo = str(Path(__file__).resolve().parent.parent)
     path = os.pathsep.join(dict.fromkeys(filter(None, [repo, *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
     return {**GPU_ACTOR_ENV, "PYTHONPATH": path}
+
+
+def choose_transport(requested: str, learner: dict[str, Any], engine: dict[str, Any]) -> tuple[str, str]:
+    """(transport, why) for one engine fed by one learner rank. ``learner`` / ``engine``: where the weights
+    live, {"node_id", "gpu_ids" (Ray's), "on_gpu"} (`Learner.device_where`, `RolloutWorker.start`).
+
+    `auto`: both on GPUs and on the same one (same node, same single GPU id) -> cuda_ipc; both on GPUs
+    elsewhere (another GPU or node) -> collective (NCCL broadcast); otherwise (CPU, or a CPU engine) ->
+    object_store. An explicit `cuda_ipc` falls back to object_store without GPUs (as the CPU layout always did)
+    and is refused for learner and engine on different GPUs, here rather than at the first push.
+    """
+    on_gpus = bool(learner.get("on_gpu")) and bool(engine.get("on_gpu"))
+    same_node = learner.get("node_id") == engine.get("node_id")
+    gpus = list(learner.get("gpu_ids") or [])
+    same_gpu = on_gpus and same_node and len(gpus) == 1 and gpus == list(engine.get("gpu_ids") or [])
+    where = ("the same GPU" if same_gpu else "different GPUs on one node" if on_gpus and same_node
+             else "different nodes" if on_gpus else "CPU (learner or engine not on a GPU)")
+    if requested == "auto":
+        if same_gpu:
+            return "cuda_ipc", where
+        return ("collective", where + ": NCCL broadcast") if on_gpus else ("object_store", where)
+    if requested == "cuda_ipc" and not on_gpus:  # as before: the CPU layout has no CUDA to share
+        return "object_store", f"{where}: cuda_ipc needs CUDA, weights go through the object store"
+    if requested == "cuda_ipc" and not same_gpu:
+        raise UserInputError(f"sync.transport=cuda_ipc needs learner and engine on one GPU, but they are on {where}; "
+                             "use auto (chooses collective or object_store) or collective")
+    if requested == "collective" and same_gpu:  # NCCL refuses two ranks on one device ("Duplicate GPU detected")
+        raise UserInputError("sync.transport=collective broadcasts between GPUs, but learner and engine share one "
+                             "GPU; use auto (cuda_ipc there) or cuda_ipc")
+    backend = " (nccl)" if on_gpus else " (gloo)"
+    return requested, f"{where}, as configured" + (backend if requested == "collective" else "")

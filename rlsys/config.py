@@ -154,8 +154,11 @@ class LearnerConfig(_Section):
 
 
 class SyncConfig(_Section):
-    transport: Literal["auto", "cuda_ipc", "object_store"] = "auto"
-    """How weights reach the engine: `auto` = CUDA IPC when learner and engine share a GPU."""
+    transport: Literal["auto", "cuda_ipc", "collective", "object_store"] = "auto"
+    """How weights reach each engine from its learner rank. `auto`, chosen per engine by where both landed:
+    `cuda_ipc` when they share a GPU, `collective` (one NCCL broadcast per bucket over a group of the learner
+    rank and its engines) when both are on GPUs but not the same one (another GPU or node), `object_store`
+    (bytes through Ray) on CPU. `collective` on CPU broadcasts with gloo. The choice is logged per engine."""
     bucket_mb: int = Field(512, ge=1)
     """Size of the reusable buffers weights are packed into (one handle and one RPC per bucket)."""
     canary: bool = True

@@ -19,7 +19,8 @@ module (and its helpers) import on machines without vLLM.
   to the worker extension (actors/vllm_ext.py) in ONE `collective_rpc` for all buckets. DESIGN.md sketches one
   RPC per bucket; that pays off when the sender streams through one staging buffer, but `BucketPacker` keeps
   every bucket alive for reuse, so all handles are ready at once and one RPC pays the round trip (~1 ms) once.
-  It is still one handle per bucket, never one RPC per tensor.
+  It is still one handle per bucket, never one RPC per tensor. For `collective` the payload is a small ticket
+  (route, rank, the bucket plan once) and the worker receives the buckets by NCCL broadcast during that RPC.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 WORKER_EXTENSION = "actors.vllm_ext.WorkerExtension"
 WAKE_TAGS = ("weights", "kv_cache")
 WEIGHTS_DROPPED = "weights dropped by sleep(level=2); push the weights (load_payload) before serving"
-_RPC_METHODS = {"cuda_ipc": "rlsys_load_ipc", "object_store": "rlsys_load_buckets"}
+_RPC_METHODS = {"cuda_ipc": "rlsys_load_ipc", "object_store": "rlsys_load_buckets", "collective": "rlsys_load_collective"}
 GIB = 1 << 30
 
 

@@ -8,6 +8,9 @@ driver never branches on which one is used (NeMo-RL's `sync_weights()` habit).
   and learner and engine on different nodes.
 - `cuda_ipc`: one CUDA IPC handle per bucket (learner and engine on the same GPU). The payload is a few
   hundred bytes per bucket; the engine process maps the learner's buffer and copies from it in place.
+- `collective` (rlsys/weights/collective.py): one NCCL (GPU) or gloo (CPU) broadcast per bucket over a group
+  of the source learner rank and its engines; two-sided, so the learner's `export` takes the route and the
+  engine's payload is a small ticket. For learner and engine on different GPUs or nodes.
 
 The CUDA IPC path is built to make a push cost little more than the copies themselves:
 - The learner's `BucketPacker` allocates its buffers once, so `CudaIpcTransport` makes each buffer's
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 
 from rlsys.weights.buckets import TensorMeta, WeightBucket, unpack_bucket
+from rlsys.weights.collective import CollectiveTransport
 
 # Position of the device index and the allocation handle in the args of torch's `rebuild_cuda_tensor`
 # (torch/multiprocessing/reductions.py: reduce_tensor): (tensor_cls, size, stride, tensor_offset, storage_cls,
@@ -341,14 +345,17 @@ def _is_row_padding(dst: torch.Tensor, shape: tuple[int, ...]) -> bool:
     return dst.dim() >= 1 and shape[0] < dst.shape[0]
 
 
-def make_transport(name: str) -> ObjectStoreTransport | CudaIpcTransport:
-    """`object_store`/`auto` -> ObjectStoreTransport, `cuda_ipc` -> CudaIpcTransport.
+def make_transport(name: str) -> ObjectStoreTransport | CudaIpcTransport | CollectiveTransport:
+    """`object_store`/`auto` -> ObjectStoreTransport, `cuda_ipc` -> CudaIpcTransport, `collective` ->
+    CollectiveTransport (rlsys/weights/collective.py).
 
-    `auto` is resolved by the placement (jobs/placement.py), which knows whether learner and engine share a
-    GPU; on its own it means the transport that works everywhere.
+    `auto` is resolved per engine by the placement (jobs/placement.py `choose_transport`), which knows whether
+    learner and engine share a GPU; on its own it means the transport that works everywhere.
     """
     if name in ("object_store", "auto"):
         return ObjectStoreTransport()
     if name == "cuda_ipc":
         return CudaIpcTransport()
-    raise ValueError(f"sync.transport {name!r} is unknown; expected auto, cuda_ipc or object_store")
+    if name == "collective":
+        return CollectiveTransport()
+    raise ValueError(f"sync.transport {name!r} is unknown; expected auto, cuda_ipc, collective or object_store")

@@ -1,6 +1,8 @@
 """World size 2 on a simulated 2-node cluster with fake GPUs (ray.cluster_utils.Cluster): actors land as
 planned, the learner ranks train as one gloo process group, and after every push both learner ranks and
-both engines hold the same weights."""
+both engines hold the same weights, by the object store (`auto` on CPU) and by gloo broadcasts
+(`sync.transport = "collective"`). On one CPU node: the collective transport through a whole job, and a broken
+route failing with an error that names it instead of hanging."""
 from __future__ import annotations
 
 import pytest
@@ -28,11 +30,13 @@ def two_nodes(_ray_session):
     cluster.shutdown()
 
 
-def test_world_size_two_places_trains_and_keeps_weights_equal(two_nodes, tmp_path):
+@pytest.mark.parametrize("transport", ["auto", "collective"])
+def test_world_size_two_places_trains_and_keeps_weights_equal(two_nodes, tmp_path, transport):
     ray = two_nodes
     from jobs.cluster import Job
 
-    cfg = job_config(tmp_path, "cluster.placement_strategy=SPREAD", "model.dtype=float32", world_size="2",
+    cfg = job_config(tmp_path, "cluster.placement_strategy=SPREAD", "model.dtype=float32",
+                     f"sync.transport={transport}", world_size="2",
                      agent_fn=str(PLUGINS / "recording_agent.py"), reward_fn_path=str(PLUGINS / "length_reward.py"))
     job = Job.start(cfg)
     try:
@@ -44,7 +48,9 @@ def test_world_size_two_places_trains_and_keeps_weights_equal(two_nodes, tmp_pat
         assert learner_nodes == engine_nodes and len(set(engine_nodes)) == 2
         worker_nodes = ray.get([w.node_id.remote() for w in job.env_workers])
         assert worker_nodes == [engine_nodes[i % 2] for i in range(len(job.env_workers))]
-        assert {p["transport"] for p in job.proxies} == {"object_store"}  # fake GPUs: no CUDA to share
+        # fake GPUs: no CUDA to share, so auto = the object store; collective = one gloo group per rank
+        expected = "object_store" if transport == "auto" else "collective"
+        assert {p["transport"] for p in job.proxies} == {expected}
 
         for step in range(2):
             refs, summaries = job.rollout(job.data.next_batch(cfg.rollout.batch_size), step)
@@ -63,5 +69,58 @@ def test_world_size_two_places_trains_and_keeps_weights_equal(two_nodes, tmp_pat
         # both ranks trained: every sequence went to exactly one rank
         trained = ray.get([rank.last_trained.remote() for rank in job.learners])
         assert all(trained) and not {tuple(s.input_ids) for s in trained[0]} & {tuple(s.input_ids) for s in trained[1]}
+        if transport == "collective":  # a group per (rank, engine) pair: rank r feeds engine r
+            assert sorted(route.name for route in job.weights._routes.values()) == [
+                "learner-0 -> rollout-0", "learner-1 -> rollout-1"]
     finally:
         job.shutdown()
+
+
+def test_collective_transport_on_cpu_trains_keeps_weights_equal_and_fails_fast_on_a_broken_route(ray_local, tmp_path):
+    ray = ray_local
+    from jobs.cluster import Job
+    from rlsys.weights.collective import CollectiveRoute, CollectiveTicket
+
+    cfg = job_config(tmp_path, "model.dtype=float32", "sync.transport=collective", max_steps="2",
+                     agent_fn=str(PLUGINS / "recording_agent.py"), reward_fn_path=str(PLUGINS / "length_reward.py"))
+    job = Job.start(cfg)
+    try:
+        assert job.weights.transports == ["collective"] and job.weights.collective_backend == "gloo"
+        for step in range(2):
+            refs, summaries = job.rollout(job.data.next_batch(cfg.rollout.batch_size), step)
+            job.engines.sleep(level=1)
+            stats = job.train(refs, summaries)
+            assert stats["train/skipped_steps"] == 0
+            assert job.weights.push() == {"sync/tensors": float(job.weights.expected_count)}
+            job.engines.wake()
+            assert job.weights.check_canary()["sync/canary_logp_diff"] <= job.weights.canary_tol
+            learner = ray.get(job.learner.named_weights.remote())
+            engine = ray.get(job.rollouts[0].named_weights.remote())
+            assert learner.keys() <= engine.keys()  # the engine also lists tied weights (lm_head)
+            for name, tensor in learner.items():
+                assert torch.equal(engine[name], tensor), f"step {step}: engine differs on {name}"
+        (route,) = job.weights._routes.values()
+        assert route.name == "learner-0 -> rollout-0" and route.world_size == 2
+        assert job.weights._tickets[0].plan is None  # the plan travelled once, with the first push
+
+        # a broken route: each side alone fails within its timeout, naming the route
+        dead = CollectiveRoute(name="learner-0 -> rollout-0 (broken)", host=route.host, port=_free_port(),
+                               world_size=2, backend="gloo", timeout_s=3.0)
+        with pytest.raises(Exception, match=r"learner-0 -> rollout-0 \(broken\).*did not join") as err:
+            ray.get(job.learner.export_weights.remote("collective", job.weights.bucket_bytes, dead), timeout=60)
+        assert "learner (rank 0)" in str(err.value)
+        dead = CollectiveRoute(name="learner-0 -> rollout-0 (broken)", host=route.host, port=_free_port(),
+                               world_size=2, backend="gloo", timeout_s=3.0)
+        with pytest.raises(Exception, match=r"learner-0 -> rollout-0 \(broken\)") as err:
+            ray.get(job.rollouts[0].load_weights.remote(CollectiveTicket(route=dead, rank=1)), timeout=60)
+        assert "engine (rank 1)" in str(err.value)
+    finally:
+        job.shutdown()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,135 @@
+"""The `collective` weight transport on CPU (gloo) between two real processes, its timeouts, and how
+`choose_transport` picks a transport from where learner and engine landed."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from rlsys.weights.buckets import BucketPacker
+from rlsys.weights.collective import CollectiveError, CollectiveRoute, CollectiveTicket, CollectiveTransport
+from rlsys.weights.transport import make_transport
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _weights(push: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(push)
+    return [("embed.weight", torch.randn(64, 32, generator=g)),  # 8 KiB
+            ("layer.0.weight", torch.randn(32, 32, generator=g).to(torch.bfloat16)),
+            ("layer.0.bias", torch.randn(32, generator=g)),
+            ("step", torch.tensor([push], dtype=torch.int64)),
+            ("mask", torch.rand(7, generator=g) > 0.5)]
+
+
+def _route(port: int, timeout_s: float = 30.0) -> CollectiveRoute:
+    return CollectiveRoute(name="learner-0 -> rollout-0", host="127.0.0.1", port=port, world_size=2,
+                           backend="gloo", timeout_s=timeout_s)
+
+
+def _engine(port: int, plan, pushes: int, out) -> None:
+    """Rank 1: receive ``pushes`` pushes (the plan with the first only), report what arrived."""
+    try:
+        transport = CollectiveTransport()
+        got = []
+        for k in range(pushes):
+            ticket = CollectiveTicket(route=_route(port), rank=1, plan=plan if k == 0 else None)
+            got.append({n: t.clone() for n, t in transport.receive(ticket)})
+        out.put(("ok", got))
+    except Exception as err:  # report it to the test instead of dying silently
+        out.put(("error", f"{type(err).__name__}: {err}"))
+
+
+def test_gloo_broadcast_delivers_every_bucket_bit_for_bit_push_after_push():
+    packer = BucketPacker.for_tensors(_weights(0), bucket_bytes=2048)  # several buckets, one oversize
+    assert len(packer.plan) >= 3
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    engine = ctx.Process(target=_engine, args=(port, packer.plan, 2, out))
+    engine.start()
+    try:
+        sender = make_transport("collective")
+        sent = [sender.export(packer.pack(_weights(k)), _route(port)) for k in range(2)]
+        assert sent[0] == {"bytes": float(packer.total_bytes), "buckets": float(len(packer.plan))}
+        status, got = out.get(timeout=60)
+        assert status == "ok", got
+    finally:
+        engine.join(timeout=30)
+    for k, received in enumerate(got):
+        expected = dict(_weights(k))
+        assert received.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), f"push {k}: {name}"
+
+
+def test_learner_side_fails_naming_the_route_when_no_engine_joins():
+    packer = BucketPacker.for_tensors(_weights(0))
+    start = time.monotonic()
+    with pytest.raises(CollectiveError, match=r"learner-0 -> rollout-0.*learner \(rank 0\).*did not join"):
+        CollectiveTransport().export(packer.pack(_weights(0)), _route(_free_port(), timeout_s=2.0))
+    assert time.monotonic() - start < 30
+
+
+def test_engine_side_fails_naming_the_route_when_the_learner_is_not_there():
+    plan = BucketPacker.for_tensors(_weights(0)).plan
+    ticket = CollectiveTicket(route=_route(_free_port(), timeout_s=2.0), rank=1, plan=plan)
+    start = time.monotonic()
+    with pytest.raises(CollectiveError, match=r"learner-0 -> rollout-0.*engine \(rank 1\)"):
+        list(CollectiveTransport().receive(ticket))
+    assert time.monotonic() - start < 30
+
+
+def test_engine_without_a_plan_and_bad_routes_are_refused():
+    ticket = CollectiveTicket(route=_route(_free_port()), rank=1)
+    with pytest.raises(CollectiveError, match="no bucket plan"):
+        list(CollectiveTransport().receive(ticket))
+    with pytest.raises(ValueError, match="backend"):
+        CollectiveRoute(name="r", host="h", port=1, world_size=2, backend="mpi")
+    with pytest.raises(ValueError, match="rank 2"):
+        CollectiveTicket(route=_route(1), rank=2)
+    with pytest.raises(ValueError, match="needs the route"):
+        CollectiveTransport().export([], None)
+
+
+# ------------------------------------------------------------------ choosing the transport by placement
+def _where(node: str, gpus: list[str], on_gpu: bool) -> dict:
+    return {"node_id": node, "gpu_ids": gpus, "on_gpu": on_gpu}
+
+
+def test_auto_picks_cuda_ipc_on_one_gpu_collective_across_gpus_and_object_store_on_cpu():
+    from jobs.placement import choose_transport
+
+    learner = _where("n1", ["0"], True)
+    assert choose_transport("auto", learner, _where("n1", ["0"], True))[0] == "cuda_ipc"
+    assert choose_transport("auto", learner, _where("n1", ["1"], True))[0] == "collective"
+    assert choose_transport("auto", learner, _where("n2", ["0"], True))[0] == "collective"
+    assert choose_transport("auto", learner, _where("n1", ["0"], False))[0] == "object_store"  # CPU engine
+    cpu = _where("n1", [], False)
+    assert choose_transport("auto", cpu, cpu)[0] == "object_store"
+    # fake GPUs (Ray's num_gpus on a CPU box): same GPU id, but nothing on CUDA
+    assert choose_transport("auto", _where("n1", ["0"], False), _where("n1", ["0"], False))[0] == "object_store"
+
+
+def test_explicit_transports_are_kept_and_cuda_ipc_across_gpus_is_refused():
+    from jobs.placement import choose_transport
+    from rlsys.errors import UserInputError
+
+    cpu = _where("n1", [], False)
+    transport, why = choose_transport("collective", cpu, cpu)
+    assert transport == "collective" and "gloo" in why
+    assert choose_transport("object_store", _where("n1", ["0"], True), _where("n1", ["0"], True))[0] == "object_store"
+    assert choose_transport("cuda_ipc", cpu, cpu)[0] == "object_store"  # CPU: nothing to share, as before
+    with pytest.raises(UserInputError, match="share one GPU"):
+        choose_transport("collective", _where("n1", ["0"], True), _where("n1", ["0"], True))
+    with pytest.raises(UserInputError, match="different nodes"):
+        choose_transport("cuda_ipc", _where("n1", ["0"], True), _where("n2", ["0"], True))
