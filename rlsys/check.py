@@ -178,7 +178,7 @@ def plan_job(cfg: Config, m: Machine) -> tuple[JobPlan, list[str]]:
         if cfg.cluster.world_size > len(m.gpus):
             warnings.append(f"cluster.world_size={cfg.cluster.world_size} but this machine sees {len(m.gpus)} GPU(s)")
     else:
-        transport = "object_store"
+        transport = "collective (gloo)" if cfg.sync.transport == "collective" else "object_store"
         layout = f"CPU: learner, rollout and {cfg.env.num_workers} env workers with num_gpus=0"
         if cfg.sync.transport == "cuda_ipc":
             warnings.append("sync.transport=cuda_ipc needs the learner and engine on one GPU; without CUDA "
