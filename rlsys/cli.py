@@ -79,6 +79,15 @@ PASSTHROUGH.update({"eval": _run_eval, "play": _run_play, "check": _run_check, "
                     "tune": _run_tune})
 
 
+def _run_recipe(argv: list[str]) -> int:
+    from jobs import recipe
+
+    return recipe.main(argv) or 0
+
+
+PASSTHROUGH["recipe"] = _run_recipe
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlsys", description="Agentic RL post-training: rollouts through an OpenAI-compatible proxy, GSPO learner."
@@ -101,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="what this machine has (Python, torch, CUDA, vLLM, Ray) and what a job would use")
     sub.add_parser("report", help="summary and PNG plots of a run directory")
     sub.add_parser("tune", help="GPU memory estimate of a config, and settings that fit a --gpu-memory-budget-gib")
+    sub.add_parser("recipe", help="run stage configs in sequence (SFT, then GSPO) and summarise; see `rlsys recipe --help`")
     return parser
 
 

@@ -31,8 +31,9 @@ class _Section(BaseModel):
 
 class ModelConfig(_Section):
     ckpt: str = "rlsys:tiny"
-    """The policy to start from: a Hugging Face folder, a hub id, a `.gguf` file, or `rlsys:tiny`
-    (the small Qwen2-architecture model rlsys builds itself, cached under ~/.cache/rlsys)."""
+    """The policy to start from: a Hugging Face folder, a hub id, a `.gguf` file (dequantized once into a cached
+    folder), or `rlsys:tiny` / `rlsys:tiny-h16` (the small Qwen2-architecture models rlsys builds itself, cached
+    under ~/.cache/rlsys; tiny-h16 has the same size cut into 16 narrow heads, see rlsys/models/tiny.py)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype for learner and engine; `auto` = float32 on CPU, bfloat16 on GPU."""
     gradient_checkpointing: bool = False

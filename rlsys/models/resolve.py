@@ -1,6 +1,7 @@
 """Turn `model.ckpt` into something `from_pretrained` (and vLLM) can load.
 
-- `rlsys:tiny`: the embedded tiny model, built once and cached (rlsys/models/tiny.py);
+- `rlsys:tiny` (or a named variant such as `rlsys:tiny-h16`, tiny.NAMED_SIZES): the embedded tiny model,
+  built once and cached (rlsys/models/tiny.py);
 - a local folder with config.json: used as is;
 - a `.gguf` file: dequantized once into a cached Hugging Face folder (rlsys/models/gguf.py);
 - anything else that is not a local path: a Hugging Face hub id, left to transformers (needs network).
@@ -19,11 +20,12 @@ class ModelSpecError(UserInputError):
 def resolve_model(ckpt: str) -> str:
     if ckpt.startswith("rlsys:"):
         name = ckpt.split(":", 1)[1]
-        if name != "tiny":
-            raise ModelSpecError(f"model.ckpt {ckpt!r}: the only built-in model is rlsys:tiny")
-        from rlsys.models.tiny import ensure_tiny_model
+        from rlsys.models.tiny import NAMED_SIZES, ensure_tiny_model
 
-        return str(ensure_tiny_model())
+        if name not in NAMED_SIZES:
+            known = ", ".join(f"rlsys:{n}" for n in NAMED_SIZES)
+            raise ModelSpecError(f"model.ckpt {ckpt!r}: no such built-in model; built-in: {known}")
+        return str(ensure_tiny_model(**NAMED_SIZES[name]))
     path = Path(ckpt).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -17,6 +17,11 @@ def test_ci_runs_the_readme_test_command():
 
 def test_main_job_command_names_files_that_exist():
     main_job = _bash_blocks()[0]
-    assert "rlsys train" in main_job
+    assert re.search(r"rlsys (train|recipe) --config", main_job), main_job
     for path in re.findall(r"(configs/\S+\.toml|scripts/\S+\.sh)", main_job):
         assert (ROOT / path).is_file(), path
+    if "rlsys recipe" in main_job:  # every stage's config file resolves and validates
+        from jobs.recipe import read_recipe
+
+        (path,) = re.findall(r"configs/\S+\.toml", main_job)
+        assert read_recipe(ROOT / path).stages
