@@ -6,11 +6,7 @@
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
 set -u
-out=${OUT:-gpu-logs}; mkdir -p "$out"
-export PYTHONPATH=/tmp/gpu-site/site:$PWD:$PWD/.devcarry/extra${PYTHONPATH:+:$PYTHONPATH}
-export PATH=/tmp/gpu-site/site/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=token
-export RLSYS_CACHE=/tmp/rlsys-cache
+source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
 step() {  # step NAME TIMEOUT_S COMMAND...   (STEPS="name ..." runs only those)
   local name=$1 limit=$2; shift 2
   case " ${STEPS:-gpu-engine bench-sync gpu-job} " in *" $name "*) ;; *) return 0 ;; esac

@@ -6,11 +6,7 @@
 #   MODE=game STEPS=40 bash tests/gpu/run_qwen.sh                          # whole games (multi-turn)
 # Runs live in /tmp/qwen-runs/<name>; everything but checkpoints comes back as $OUT/<mode>.tgz.
 set -u
-out=${OUT:-gpu-logs}; mkdir -p "$out"
-export PYTHONPATH=/tmp/gpu-site/site:$PWD:$PWD/.devcarry/extra${PYTHONPATH:+:$PYTHONPATH}
-export PATH=/tmp/gpu-site/site/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=token
-export RLSYS_CACHE=/tmp/rlsys-cache
+source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
 gguf=${GGUF:-/tmp/qwen/qwenpack/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 runs=/tmp/qwen-runs; mkdir -p "$runs"
 budget=${BUDGET_S:-560}  # the device call's limit is 600 s

@@ -1,0 +1,8 @@
+# Sourced by the GPU scripts (run_on_device.sh, run_qwen.sh) on the GPU machine, from the repo root: the
+# unpacked wheel set (/tmp/gpu-site, ../shared/device/README.md), the repo and .devcarry/extra (small pure-Python
+# packages the GPU image lacks, e.g. tomli_w) on PYTHONPATH, and the environment every GPU run of rlsys wants.
+out=${OUT:-gpu-logs}; mkdir -p "$out"
+export PYTHONPATH=/tmp/gpu-site/site:$PWD:$PWD/.devcarry/extra${PYTHONPATH:+:$PYTHONPATH}
+export PATH=/tmp/gpu-site/site/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=token
+export RLSYS_CACHE=/tmp/rlsys-cache
