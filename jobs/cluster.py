@@ -365,12 +365,14 @@ class Job:
         """Held-out episodes at `eval.temperature` (greedy by default); metrics under `eval/`."""
         if not self.eval_items:
             return {}
-        variants = ["default"]
+        from jobs.eval import DEFAULT_VARIANT, with_variants
+
+        variants = [DEFAULT_VARIANT]
         if self.cfg.eval.perturb:
             from rlsys.envs.tictactoe.prompt import PERTURBATIONS
 
             variants += list(PERTURBATIONS)
-        items = [item if v == "default" else {**item, "prompt_variant": v} for v in variants for item in self.eval_items]
+        items = [item for _, item in with_variants(self.eval_items, variants)]
         n = self.cfg.eval.n_samples
         ray.get([r.set_temperature.remote(self.cfg.eval.temperature) for r in self.rollouts])
         try:
@@ -385,7 +387,7 @@ class Job:
         metrics: dict[str, float] = {}
         for k, v in enumerate(variants):
             mine = summaries[k * per_item:(k + 1) * per_item]
-            prefix = "eval/" if v == "default" else f"eval/{v}/"
+            prefix = "eval/" if v == DEFAULT_VARIANT else f"eval/{v}/"
             metrics.update({prefix + (key.split("/", 1)[1] if key.startswith("rollout/") else key): x
                             for key, x in rollout_metrics(mine, self.outcome_labels).items()})
             if summarize is not None:
