@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+from rlsys.engines.base import SamplingParams
 from rlsys.envs.tictactoe_game.turns import assistant_echo, tool_message, turn_record
+from tests.scripted_engine import ScriptedEngine
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -95,27 +96,6 @@ def check_recorded(record_segments: list, breaks: int, turns: list[dict]) -> Non
 
 
 # ---- scripted engine, real proxy ----------------------------------------------------------------
-
-
-class ScriptedEngine(Engine):
-    """`generate` answers the next scripted (text, end) in order: text encoded, then the end token
-    (<|im_end|>, <|endoftext|>, or None for a cut by max_tokens). Logprobs -0.01 * position."""
-
-    def __init__(self, tokenizer: Any, script: list[tuple[str, str | None]]) -> None:
-        self.tokenizer, self.script = tokenizer, list(script)
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
-        text, end = self.script.pop(0)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if end is not None:
-            ids.append(self.tokenizer.convert_tokens_to_ids(end))
-        return GenerateOutput(ids, [-0.01 * (i + 1) for i in range(len(ids))], "stop" if end else "length")
-
-    async def score(self, prompt_ids, continuation_ids):
-        raise NotImplementedError
-
-    def load_weights(self, named_tensors):
-        raise NotImplementedError
 
 
 @pytest.fixture(scope="module")

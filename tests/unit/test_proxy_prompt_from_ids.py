@@ -15,10 +15,11 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+from rlsys.engines.base import Engine, SamplingParams
 from rlsys.models.tiny import ensure_tiny_model
 from rlsys.proxy.server import ProxyServer, create_app
 from rlsys.proxy.sessions import SessionRecorder
+from tests.scripted_engine import ScriptedEngine
 
 TOKEN = "test-token-prompt-from-ids"
 MODEL = "tiny"
@@ -51,31 +52,6 @@ REPLIES = {
     "stopped_on_endoftext": (call_block(2), EOT),
     "cut_by_max_tokens": ('{"name": "choose_square", "arguments": {"square": 2}}', None),
 }
-
-
-class ScriptedEngine(Engine):
-    """`generate` answers the next scripted (text, end) in order; `gate`, when set, holds every call."""
-
-    def __init__(self, tokenizer: Any, script: list[tuple[str, str | None]]) -> None:
-        self.tokenizer, self.script = tokenizer, list(script)
-        self.calls: list[tuple[list[int], SamplingParams]] = []
-        self.gate: asyncio.Event | None = None
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
-        self.calls.append((list(prompt_ids), params))
-        if self.gate is not None:
-            await self.gate.wait()
-        text, end = self.script.pop(0) if len(self.script) > 1 else self.script[0]
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if end is not None:
-            ids.append(self.tokenizer.convert_tokens_to_ids(end))
-        return GenerateOutput(ids, [-0.01 * (i + 1) for i in range(len(ids))], "stop" if end else "length")
-
-    async def score(self, prompt_ids, continuation_ids):
-        raise NotImplementedError
-
-    def load_weights(self, named_tensors):
-        raise NotImplementedError
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +114,7 @@ def sampled_tokens(record) -> list[int]:
 def test_three_turns_with_a_reply_the_template_would_rerender_differently_are_one_segment(tokenizer, case):
     text, end = REPLIES[case]
     recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [(text, end), (text, end), ("I am done.", IM_END)])
+    engine = ScriptedEngine(tokenizer, [(text, end), (text, end), ("I am done.", IM_END)], repeat_last=True)
     responses = serve(engine, tokenizer, recorder, three_turns)
     turns = [ext(r) for r in responses]
     assert [r.choices[0].finish_reason for r in responses[:2]] == ["tool_calls"] * 2, case
@@ -165,7 +141,8 @@ def test_three_turns_with_a_reply_the_template_would_rerender_differently_are_on
 
 def test_prompt_from_ids_equals_the_full_render_when_the_reply_rerenders_exactly(tokenizer):
     recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [REPLIES["canonical"], REPLIES["canonical"], ("I am done.", IM_END)])
+    script = [REPLIES["canonical"], REPLIES["canonical"], ("I am done.", IM_END)]
+    engine = ScriptedEngine(tokenizer, script, repeat_last=True)
 
     async def scenario(client):
         responses = await three_turns(client)
@@ -186,7 +163,8 @@ def test_prompt_from_ids_equals_the_full_render_when_the_reply_rerenders_exactly
 def test_user_message_after_plain_text_reply_is_one_segment(tokenizer):
     recorder = SessionRecorder()
     # "\n\nSure" re-renders as one merged "\n\n" after the assistant header, not as the sampled ids
-    engine = ScriptedEngine(tokenizer, [("\n\nSure, I think so", IM_END), ("Fine.", IM_END), ("Done.", IM_END)])
+    script = [("\n\nSure, I think so", IM_END), ("Fine.", IM_END), ("Done.", IM_END)]
+    engine = ScriptedEngine(tokenizer, script, repeat_last=True)
     responses = serve(engine, tokenizer, recorder, three_turns)
     record = recorder.pop("s")
     assert (record.segment_breaks, record.prompt_from_ids) == (0, 2)
@@ -208,7 +186,8 @@ def rewrite_first_reply(messages: list[dict]) -> None:
                                           (lambda m: m[0].update(content="You play O."), "history_changed")])
 def test_an_edited_history_is_rendered_in_full_and_the_break_is_counted(tokenizer, edit, reason):
     recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [REPLIES["bare_json"], REPLIES["bare_json"], ("Done.", IM_END)])
+    script = [REPLIES["bare_json"], REPLIES["bare_json"], ("Done.", IM_END)]
+    engine = ScriptedEngine(tokenizer, script, repeat_last=True)
     responses = serve(engine, tokenizer, recorder, lambda client: three_turns(client, edit))
     assert [ext(r)["prompt_source"] for r in responses] == ["first", "prompt_from_ids", "re_rendered"]
     record = recorder.pop("s")
@@ -225,7 +204,7 @@ def test_an_edited_history_is_rendered_in_full_and_the_break_is_counted(tokenize
 ])
 def test_a_reply_sent_back_changed_or_without_new_messages_is_rendered_in_full(tokenizer, second_messages, reason):
     recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [REPLIES["canonical"]])
+    engine = ScriptedEngine(tokenizer, [REPLIES["canonical"]], repeat_last=True)
 
     async def scenario(client):
         first = await client.chat.completions.create(model=MODEL, messages=BOARD, tools=TOOLS)
@@ -238,7 +217,7 @@ def test_a_reply_sent_back_changed_or_without_new_messages_is_rendered_in_full(t
 
 def test_changed_tools_are_rendered_in_full(tokenizer):
     recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [("Hello.", IM_END)])
+    engine = ScriptedEngine(tokenizer, [("Hello.", IM_END)], repeat_last=True)
 
     async def scenario(client):
         first = await client.chat.completions.create(model=MODEL, messages=BOARD, tools=TOOLS)
@@ -255,7 +234,7 @@ def test_changed_tools_are_rendered_in_full(tokenizer):
 
 def test_concurrent_requests_of_one_session_get_distinct_seeds_and_a_sequential_agent_the_usual_ones(tokenizer):
     recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)])
+    engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)], repeat_last=True)
 
     async def scenario(client):
         await asyncio.gather(*[client.chat.completions.create(model=MODEL, messages=BOARD) for _ in range(4)])
@@ -270,7 +249,7 @@ def test_concurrent_requests_of_one_session_get_distinct_seeds_and_a_sequential_
 
 def test_turn_finishing_after_the_session_was_popped_is_dropped_and_counted(tokenizer):
     recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)])
+    engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)], repeat_last=True)
 
     async def scenario(client):
         engine.gate = asyncio.Event()
@@ -318,7 +297,7 @@ def test_env_worker_timing_out_an_agent_with_a_request_in_flight_leaves_no_orpha
     from actors.env_worker import EnvWorker
 
     recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)])
+    engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)], repeat_last=True)
     app = create_app(engine, tokenizer, api_token=TOKEN, model_name=MODEL, recorder=recorder,
                      sampling_defaults=SamplingParams(max_new_tokens=8))
     worker = EnvWorker(f"{__file__}:one_request_agent", f"{__file__}:zero_reward", agent_timeout_s=1.0,
