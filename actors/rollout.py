@@ -52,7 +52,8 @@ def build_engine(cfg: Config, model_path: str):
     if kind == "vllm":
         return make_engine("vllm", model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed,
                            dtype=engine_dtype(cfg), gpu_memory_utilization=engine_memory_fraction(cfg, model_path),
-                           max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True)
+                           max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True,
+                           kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30))
     return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed)
 
 

@@ -85,6 +85,10 @@ class RolloutConfig(_Section):
     optimizer states, activations). Checked before Ray starts against an estimate (rlsys/memory.py; refused,
     with settings that fit, when over); the learner's allocator is capped at its share and vLLM sized from the
     rest. Unset: no check, vLLM takes a third of the device and the learner the rest."""
+    kv_cache_gib: float | None = Field(None, gt=0)
+    """vLLM: a fixed KV cache of this many GiB (vLLM's `kv_cache_memory_bytes`) instead of sizing it by
+    profiling at start-up. The profile assumes no other process changes its GPU memory meanwhile; set this
+    when several jobs share one GPU (a learning-rate sweep), where another job's sleep/wake breaks it."""
 
 
 class EnvConfig(_Section):

@@ -136,6 +136,7 @@ class VLLMEngine(Engine):
         enable_sleep_mode: bool = True,
         enable_prefix_caching: bool = True,
         eos_token_ids: Iterable[int] | None = None,
+        kv_cache_bytes: int | None = None,
     ) -> None:
         from transformers import AutoConfig  # noqa: PLC0415
         from vllm import AsyncEngineArgs  # noqa: PLC0415
@@ -150,6 +151,7 @@ class VLLMEngine(Engine):
             dtype=dtype,
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_bytes,  # set: no start-up profiling (its use is then only a free-memory check)
             max_model_len=max_model_len,
             max_num_seqs=max_batch_size,
             enforce_eager=enforce_eager,

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One device session's GPU work as a queue that outlives the device call starting it (a call lasts at most
+# 10 minutes, the runs longer; a process in its own session runs until the machine goes back). From the repo
+# root, after the gpu-site and qwen bundles are unpacked (../shared/device/README.md):
+#   bash tests/gpu/session.sh start      # converts the GGUF once, starts the queue with setsid, returns
+#   bash tests/gpu/session.sh wait S     # waits up to S s (less if the queue ends), then copies results to $OUT
+# The queue: the Qwen 0.5B tic-tac-toe runs, one per learning rate in LRS, and the whole-game run, at the same
+# time (each vLLM with a fixed KV cache: rollout.kv_cache_gib), the first alone until it sampled (its start-up
+# is the fresh machine's); then the benchmarks of docs/performance.md one after another, alone on the GPU.
+set -u
+source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
+S=/tmp/rlsys-session runs=/tmp/qwen-runs
+mkdir -p "$S" "$runs"
+gguf=${GGUF:-/tmp/qwen/qwenpack/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+log() { echo "[$(date +%T)] $*" >> "$S/queue.log"; }
+
+train() {  # train NAME ARGS...: one rlsys train in the background, its log beside its run directory
+  local name=$1; shift
+  log "$name: rlsys train $*"
+  ( timeout -k 15 "${RUN_S:-1500}" python3 -m rlsys.cli train --run-dir "$runs/$name" "$@" > "$runs/$name.log" 2>&1
+    echo "rc=$?" >> "$runs/$name.log"; log "$name: $(tail -1 "$runs/$name.log")"
+    python3 -m rlsys.cli report "$runs/$name" --window 20 > "$runs/$name.report" 2>&1 ) &
+}
+
+queue() {
+  export RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.04  # several local Rays: 30% of RAM each does not fit
+  local common=(--ckpt "$gguf" ${FLAGS:-} rollout.kv_cache_gib=${KV_GIB:-3} eval.every=100 ${EXTRA:-})  # flags, then dotted
+  local first=1
+  for lr in ${LRS:-1e-5}; do
+    train "lr$lr" --config configs/tictactoe-qwen0.5b.toml --lr "$lr" --max-steps "${STEPS:-400}" "${common[@]}"
+    if (( first )); then  # alone until its first step: start-up on a fresh machine, then the rest
+      first=0
+      for _ in $(seq 60); do [ -s "$runs/lr$lr/metrics.jsonl" ] || grep -q "^rc=" "$runs/lr$lr.log" && break; sleep 5; done
+      log "lr$lr: first step logged"
+    else
+      sleep 20  # vLLM picks its ports at start: keep the starts apart
+    fi
+  done
+  [ -n "${GAME_STEPS:-}" ] && train game --config configs/tictactoe-game-qwen0.5b.toml --max-steps "$GAME_STEPS" \
+    "${common[@]}" eval.every=0
+  wait
+  log "training runs done"
+  if [ -n "${BENCH:-}" ]; then
+    log "benchmarks: $BENCH"
+    OUT=$S/bench STEPS=$BENCH bash tests/gpu/run_on_device.sh > "$S/bench.out" 2>&1
+  fi
+  log "queue done"; touch "$S/done"
+}
+
+collect() {
+  cp "$S/queue.log" "$out/" 2>/dev/null
+  for r in "$runs"/*.log; do [ -f "$r" ] && grep -v "Loading weights" "$r" | tail -25 > "$out/tail-$(basename "$r")"; done
+  tar czf "$out/runs.tgz" --exclude checkpoints -C "$runs" . 2>/dev/null
+  [ -d "$S/bench" ] && tar czf "$out/bench.tgz" -C "$S" bench
+  cat "$S/queue.log"; nvidia-smi --query-gpu=memory.used --format=csv,noheader
+  for r in "$runs"/*/metrics.jsonl; do [ -f "$r" ] && echo "$(basename "$(dirname "$r")"): $(wc -l < "$r") steps"; done
+}
+
+case ${1:?start or wait} in
+  start)
+    { nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+      python3 -c "import vllm, torch, ray, transformers, bitsandbytes; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__, 'bnb', bitsandbytes.__version__)"
+    } >> "$S/queue.log" 2>&1
+    log "converting $gguf"
+    python3 -c "import sys, time; t=time.time(); from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1])); print(f'convert {time.time()-t:.1f} s')" "$gguf" >> "$S/queue.log" 2>&1
+    setsid nohup bash "$0" queue > "$S/queue.out" 2>&1 < /dev/null &
+    sleep "${2:-5}"; collect ;;
+  queue) queue ;;
+  wait)
+    for _ in $(seq "$(( ${2:-60} / 5 ))"); do [ -f "$S/done" ] && break; sleep 5; done
+    collect ;;
+esac
