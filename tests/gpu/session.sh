@@ -4,7 +4,7 @@
 # root, after the gpu-site and qwen bundles are unpacked (../shared/device/README.md):
 #   bash tests/gpu/session.sh start      # converts the GGUF once, starts the queue with setsid, returns
 #   bash tests/gpu/session.sh wait S     # waits up to S s (less if the queue ends), then copies results to $OUT
-# The queue: the Qwen 0.5B tic-tac-toe runs, one per learning rate in LRS, and the whole-game run, at the same
+# The queue: the Qwen 0.5B tic-tac-toe runs of RUNS (NAME=key=value,key=value ...), and the whole-game run, at the same
 # time (each vLLM with a fixed KV cache: rollout.kv_cache_gib), the first alone until it sampled (its start-up
 # is the fresh machine's); then the benchmarks of docs/performance.md one after another, alone on the GPU.
 set -u
@@ -25,13 +25,14 @@ train() {  # train NAME ARGS...: one rlsys train in the background, its log besi
 queue() {
   export RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.04  # several local Rays: 30% of RAM each does not fit
   local common=(--ckpt "$gguf" ${FLAGS:-} rollout.kv_cache_gib=${KV_GIB:-3} eval.every=100 ${EXTRA:-})  # flags, then dotted
-  local first=1
-  for lr in ${LRS:-1e-5}; do
-    train "lr$lr" --config configs/tictactoe-qwen0.5b.toml --lr "$lr" --max-steps "${STEPS:-400}" "${common[@]}"
+  local first=1 spec name ov
+  for spec in ${RUNS:-lr1e-5=learner.lr=1e-5}; do  # NAME=dotted.key=value,dotted.key=value
+    name=${spec%%=*} ov=${spec#*=}
+    train "$name" --config configs/tictactoe-qwen0.5b.toml --max-steps "${STEPS:-400}" "${common[@]}" ${ov//,/ }
     if (( first )); then  # alone until its first step: start-up on a fresh machine, then the rest
       first=0
-      for _ in $(seq 60); do [ -s "$runs/lr$lr/metrics.jsonl" ] || grep -q "^rc=" "$runs/lr$lr.log" && break; sleep 5; done
-      log "lr$lr: first step logged"
+      for _ in $(seq 60); do [ -s "$runs/$name/metrics.jsonl" ] || grep -q "^rc=" "$runs/$name.log" && break; sleep 5; done
+      log "$name: first step logged"
     else
       sleep 20  # vLLM picks its ports at start: keep the starts apart
     fi
@@ -61,9 +62,12 @@ case ${1:?start or wait} in
     { nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
       python3 -c "import vllm, torch, ray, transformers, bitsandbytes; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__, 'bnb', bitsandbytes.__version__)"
     } >> "$S/queue.log" 2>&1
-    log "converting $gguf"
+    log "converting $gguf"; echo "$*; RUNS=${RUNS:-} EXTRA=${EXTRA:-} GAME_STEPS=${GAME_STEPS:-} BENCH=${BENCH:-}" >> "$S/queue.log"
     python3 -c "import sys, time; t=time.time(); from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1])); print(f'convert {time.time()-t:.1f} s')" "$gguf" >> "$S/queue.log" 2>&1
-    setsid nohup bash "$0" queue > "$S/queue.out" 2>&1 < /dev/null &
+    # the queue runs from a copy of this tree: later calls re-send the working tree, edits and all
+    src=/tmp/rlsys-src; rm -rf "$src"; mkdir -p "$src"
+    tar cf - --exclude=./.devcarry/parts --exclude=./.git . | tar xf - -C "$src"
+    (cd "$src" && setsid nohup bash tests/gpu/session.sh queue > "$S/queue.out" 2>&1 < /dev/null &)
     sleep "${2:-5}"; collect ;;
   queue) queue ;;
   wait)
