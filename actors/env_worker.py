@@ -69,6 +69,7 @@ class EnvWorker:
         traj.segment_breaks = record.segment_breaks
         traj.prompt_from_ids = record.prompt_from_ids
         traj.re_rendered = record.re_rendered
+        traj.truncated_turns = record.truncated_turns
         if not traj.failed:
             await self._score(traj, item, output)
         if not traj.failed and traj.num_turns == 0:

@@ -225,7 +225,11 @@ class Learner:
         rewards = torch.tensor([t.reward if not t.failed else 0.0 for t in trajs], dtype=torch.float32)  # (N,)
         groups = torch.tensor([t.group for t in trajs], dtype=torch.long)  # (N,)
         valid = torch.tensor([not t.failed and t.response_len > 0 for t in trajs], dtype=torch.bool)  # (N,)
+        masked = torch.tensor([self.cfg.algo.mask_truncated and t.truncated_turns > 0 for t in trajs],
+                              dtype=torch.bool)  # (N,) cut at max_tokens: out of the baseline and the loss
+        valid &= ~masked
         adv, metrics = group_advantages(rewards, groups, valid, eps=self.cfg.algo.adv_eps)
+        metrics["adv/truncated_masked_frac"] = float(masked.float().mean()) if len(trajs) else 0.0
         # A multi-turn trajectory that broke into k segments is k rows: each carries A/k and weight 1/k, so
         # the trajectory counts once in the loss (scaling A by w > 0 commutes with GSPO's min/clip).
         rows = []

@@ -124,6 +124,10 @@ class AlgoConfig(_Section):
     """Cap of the truncated sequence importance weight in `decoupled` mode."""
     adv_eps: float = Field(1e-6, gt=0.0)
     """Added to the group std when normalising advantages."""
+    mask_truncated: bool = False
+    """Leave trajectories with a turn cut at `max_new_tokens` out of the advantages and the loss (TRL's
+    `mask_truncated_completions`, DAPO's overlong filtering), so that a cut-off answer whose opening still
+    scores is not reinforced into ever longer answers. Counted in `adv/truncated_masked_frac`."""
     n_minibatches: int = Field(1, ge=1)
     """Optimizer steps per rollout batch; with 1, the GSPO ratio is 1 and GSPO is sequence REINFORCE."""
 

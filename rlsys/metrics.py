@@ -71,6 +71,8 @@ def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iter
     # later turns: prompt continued from the recorded ids vs re-rendered from the messages (rlsys/proxy)
     out["rollout/prompt_from_ids"] = float(sum(s.prompt_from_ids for s in summaries))
     out["rollout/re_rendered"] = float(sum(s.re_rendered for s in summaries))
+    # answers cut at max_tokens: a growing fraction is the first sign of the length collapse (docs/results.md)
+    out["rollout/truncated_frac"] = sum(s.truncated_turns > 0 for s in summaries) / n if n else 0.0
     counts = Counter(failure_kind(s.fail_reason) if s.failed else (s.outcome or "unlabelled") for s in summaries)
     for label in outcome_labels:
         counts.setdefault(label, 0)

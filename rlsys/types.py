@@ -17,7 +17,7 @@ class Turn:
     prompt_ids: list[int]  # (P,) the token ids the engine was given (chat template applied)
     completion_ids: list[int]  # (C,) the token ids the engine sampled
     logprobs: list[float]  # (C,) the engine's log-probability of each sampled token
-    finish_reason: str = "stop"  # "stop" | "length" | "tool_calls"
+    finish_reason: str = "stop"  # the engine's: "stop" (an eos or stop id) | "length" (cut at max_tokens)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.completion_ids):
@@ -72,6 +72,7 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     prompt_from_ids: int = 0  # turns whose prompt the proxy built from the previous turn's token ids
     re_rendered: int = 0  # later turns whose prompt was a full chat-template render (history not echoed)
+    truncated_turns: int = 0  # turns cut at max_tokens: the answer never ended (`algo.mask_truncated`)
 
     @property
     def response_len(self) -> int:
@@ -94,6 +95,7 @@ class TrajectorySummary:
     segment_breaks: int
     prompt_from_ids: int = 0
     re_rendered: int = 0
+    truncated_turns: int = 0
 
     @classmethod
     def of(cls, t: Trajectory) -> "TrajectorySummary":
@@ -110,4 +112,5 @@ class TrajectorySummary:
             segment_breaks=t.segment_breaks,
             prompt_from_ids=t.prompt_from_ids,
             re_rendered=t.re_rendered,
+            truncated_turns=t.truncated_turns,
         )

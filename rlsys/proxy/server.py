@@ -347,7 +347,8 @@ def create_app(
             choice = body["choices"][0]
             exchange = Exchange(keys, tools_key(tools), prompt_ids, body["rlsys"]["completion_ids"],
                                 _returned_reply(choice["message"]))
-            turn = Turn(prompt_ids, list(out.token_ids), list(out.logprobs), choice["finish_reason"])
+            # the engine's reason ("stop" | "length"): a cut-off answer can still carry a parsed call
+            turn = Turn(prompt_ids, list(out.token_ids), list(out.logprobs), out.finish_reason)
             if not recorder.record(session_id, turn, ticket=ticket, source=plan.source, reason=plan.reason,
                                    exchange=exchange):
                 logger.info("session %.64s: turn %d not recorded (session popped while in flight, or over "

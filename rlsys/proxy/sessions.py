@@ -70,6 +70,7 @@ class SessionRecord:
     dropped_turns: int = 0  # turns over max_turns_per_session, not recorded
     prompt_from_ids: int = 0  # recorded turns whose prompt was built from the previous turn's ids
     re_rendered: int = 0  # recorded later turns whose prompt was a full chat-template render
+    truncated_turns: int = 0  # recorded turns the engine cut at max_tokens (finish_reason "length")
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class SessionRecorder:
                 self._prompt_sources[source if source != RE_RENDERED else f"{RE_RENDERED}_{reason}"] += 1
             rec.prompt_from_ids += source == FROM_IDS
             rec.re_rendered += source == RE_RENDERED
+            rec.truncated_turns += turn.finish_reason == "length"
             if rec.segments and _extends(turn.prompt_ids, rec.segments[-1].input_ids):
                 _append_turn(rec.segments[-1], turn)
                 return True

@@ -276,7 +276,7 @@ def test_session_turn_has_exact_prompt_and_sampled_ids(tokenizer):
     assert ext["completion_ids"] == completion
     assert ext["logprobs"] == pytest.approx([-0.01 * (i + 1) for i in range(len(completion))])
     record = recorder.pop("ep-1")
-    assert record.num_turns == 1 and record.segment_breaks == 0
+    assert record.num_turns == 1 and record.segment_breaks == 0 and record.truncated_turns == 0
     (seg,) = record.segments
     assert seg.input_ids == expected_prompt + completion
     assert seg.loss_mask == [0] * len(expected_prompt) + [1] * len(completion)
@@ -316,6 +316,23 @@ def test_two_turn_tool_conversation_extends_one_segment(tokenizer):
     assert [lp for lp, m in zip(seg.rollout_logprobs, seg.loss_mask) if m] == first["logprobs"] + second["logprobs"]
     suffix = tokenizer.decode(second["prompt_ids"][len(first["prompt_ids"]) + len(first["completion_ids"]):])
     assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
+
+
+def test_a_cut_off_answer_whose_call_parses_is_recorded_as_truncated(tokenizer):
+    """The reply says `tool_calls` (its opening parsed), the session record says the engine cut it at max_tokens:
+    what `algo.mask_truncated` reads (the length collapse of docs/results.md grew from such answers)."""
+    engine = ScriptedEngine(tokenizer, [CALL_BLOCK + " and then some more words"], finish_reason="length")
+    recorder = SessionRecorder()
+
+    async def scenario():
+        async with serving(make_app(tokenizer, engine, recorder)) as (_, client, _h):
+            return await client.chat.completions.create(model=MODEL, messages=BOARD, tools=TOOLS,
+                                                        extra_headers={"X-Rlsys-Session": "cut"})
+
+    resp = run(scenario)
+    assert resp.choices[0].finish_reason == "tool_calls" and resp.choices[0].message.tool_calls
+    record = recorder.pop("cut")
+    assert record.num_turns == 1 and record.truncated_turns == 1
 
 
 def test_sampling_parameters_and_caps(tokenizer):

@@ -1,0 +1,42 @@
+"""`algo.mask_truncated`: trajectories with a turn cut at max_tokens leave the group baseline and the loss."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlsys.algos import group_advantages
+from tests.conftest import job_config
+from tests.faults.test_learner_faults import _trajectories
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.parametrize("mask", [True, False], ids=["masked", "kept"])
+def test_cut_off_answers_leave_the_advantages_only_when_masked(tmp_path, tiny_model_path, mask):
+    from actors.learner import Learner
+
+    trajs = _trajectories()  # one group, rewards 1.0, 0.0, 0.5, -1.0
+    trajs[0].truncated_turns = 1  # the best-rewarded answer was cut at max_tokens
+    learner = Learner(job_config(tmp_path, f"algo.mask_truncated={str(mask).lower()}"), tiny_model_path)
+    rows, metrics = learner._policy_rows(trajs)
+
+    kept = trajs[1:] if mask else trajs
+    assert [r.segment for r in rows] == [t.segments[0] for t in kept]
+    rewards = torch.tensor([t.reward for t in kept])
+    expected, _ = group_advantages(rewards, torch.zeros(len(kept), dtype=torch.long),
+                                   torch.ones(len(kept), dtype=torch.bool), eps=learner.cfg.algo.adv_eps)
+    assert [r.advantage for r in rows] == pytest.approx(expected.tolist())
+    assert metrics["adv/truncated_masked_frac"] == (0.25 if mask else 0.0)
+
+
+def test_rollout_metrics_count_trajectories_with_a_cut_turn():
+    from rlsys.metrics import rollout_metrics
+    from rlsys.types import TrajectorySummary
+
+    def summary(sample: int, truncated: int) -> TrajectorySummary:
+        return TrajectorySummary(item_id="b", group=0, sample=sample, reward=0.0, outcome="optimal", failed=False,
+                                 fail_reason="", response_len=5, num_turns=3, segment_breaks=0,
+                                 truncated_turns=truncated)
+
+    m = rollout_metrics([summary(0, 0), summary(1, 2), summary(2, 0), summary(3, 1)])
+    assert m["rollout/truncated_frac"] == 0.5  # trajectories, not turns
