@@ -207,10 +207,12 @@ class WeightSync:
     canary_continuation: list[int]
     canary_tol: float
     canary_enabled: bool = True
+    canary_every: int = 1  # check after every N-th push (the check at start always runs)
     collective_backend: str = "gloo"  # "nccl" when learners and engines are on GPUs
     collective_timeout_s: float = DEFAULT_TIMEOUT_S  # rendezvous and broadcast timeout of collective routes
     _routes: dict[int, Any] = field(default_factory=dict, repr=False)  # source rank -> CollectiveRoute
     _tickets: dict[int, Any] = field(default_factory=dict, repr=False)  # engine index -> CollectiveTicket
+    _canary_calls: int = field(default=0, repr=False)
 
     @property
     def learner(self) -> Any:
@@ -218,10 +220,11 @@ class WeightSync:
 
     def push(self) -> dict[str, float]:
         """Wake the engines' weights (not their KV cache), load the learners' weights, check the count."""
-        ray.get([e.wake.remote(["weights"]) for e in self.engines])
         routes = sorted(set(zip(self.sources, self.transports)))
+        # the learners pack while the engines map their weight memory back: two processes, no ordering needed
         payloads = {(r, t): self.learners[r].export_weights.remote(t, self.bucket_bytes)
                     for r, t in routes if t != "collective"}
+        ray.get([e.wake.remote(["weights"]) for e in self.engines])
         tickets = self._collective_tickets()
         sends = [self.learners[r].export_weights.remote("collective", self.bucket_bytes, route)
                  for r, route in self._routes.items()]  # broadcasts, met by the engines' receives below
@@ -260,11 +263,15 @@ class WeightSync:
         return self._tickets
 
     def check_canary(self) -> dict[str, float]:
-        if not self.canary_enabled:
+        """The stale-weights alarm: the engines' logprobs on a fixed sequence against the learner's (all scored at
+        once: different processes). With `sync.canary_every` N > 1, every N-th call after the first."""
+        calls, self._canary_calls = self._canary_calls, self._canary_calls + 1
+        if not self.canary_enabled or calls % self.canary_every:
             return {}
-        ref = ray.get(self.learner.score.remote(self.canary_prompt, self.canary_continuation))
+        ref, *scores = ray.get([p.score.remote(self.canary_prompt, self.canary_continuation)
+                                for p in [self.learner, *self.engines]])
         worst = 0.0
-        for i, lp in enumerate(ray.get([e.score.remote(self.canary_prompt, self.canary_continuation) for e in self.engines])):
+        for i, lp in enumerate(scores):
             diff = sum(abs(a - b) for a, b in zip(lp, ref)) / max(len(ref), 1)
             if not diff <= self.canary_tol:
                 raise RuntimeError(
@@ -324,7 +331,7 @@ class Job:
             learners=learners, engines=placed.rollouts, sources=sources, transports=transports,
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
             canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
-            canary_enabled=cfg.sync.canary, collective_backend=backend,
+            canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every, collective_backend=backend,
         )
         env_workers = make_env_workers(cfg, nodes=[info["node_id"] for info in infos])
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)

@@ -174,6 +174,9 @@ class SyncConfig(_Section):
     """After every push, compare the engine's and the learner's logprobs on a fixed sequence."""
     canary_tol: float | None = Field(None, gt=0.0)
     """Largest allowed mean |logprob difference|; unset = 1e-4 in float32, 2e-2 in bf16."""
+    canary_every: int = Field(1, ge=1)
+    """Run the canary after every N-th push only (it cost 6.6% of a 1 s Qwen 0.5B step on an H200); the check
+    when the job starts always runs. 1 = every push, the safe default."""
 
 
 class ClusterConfig(_Section):
