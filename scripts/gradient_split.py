@@ -16,7 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlsys.algos import group_advantages
-from rlsys.envs.tictactoe.dataset import make_dataset
+from jobs.cluster import load_items
+from rlsys.config import load_config
 from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
 from rlsys.envs.tictactoe.reward import reward
 from rlsys.proxy.toolcalls import parse_tool_calls
@@ -37,7 +38,7 @@ def main():
     tok = AutoTokenizer.from_pretrained(a.ckpt)
     model = AutoModelForCausalLM.from_pretrained(a.ckpt, dtype=torch.float32)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    items = make_dataset(2048, 2026)
+    items = load_items(load_config())  # the job's training boards
     digit_ids = {tok.convert_tokens_to_ids(str(d)) for d in range(1, 10)}
     for b in range(a.batches):
         batch = items[b * a.boards:(b + 1) * a.boards]

@@ -14,7 +14,8 @@ from collections import Counter
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlsys.envs.tictactoe.dataset import make_dataset
+from jobs.cluster import load_eval_items
+from rlsys.config import load_config
 from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
 
 PREFIX = '<tool_call>\n{"name": "choose_square", "arguments": {"square": '
@@ -22,8 +23,7 @@ PREFIX = '<tool_call>\n{"name": "choose_square", "arguments": {"square": '
 
 def main():
     torch.set_num_threads(1)
-    train = make_dataset(2048, 2026)
-    held = make_dataset(256, 2027, exclude=[b["board"] for b in train])
+    held = load_eval_items(load_config())  # the job's held-out boards, as the in-job eval builds them
     for ckpt in sys.argv[1:]:
         tok = AutoTokenizer.from_pretrained(ckpt)
         model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
