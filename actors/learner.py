@@ -8,6 +8,10 @@ gradient accumulation. Departures worth knowing:
   same as computing them (and CPU runs get much faster once the policy is confident).
 - A non-finite loss or grad norm skips that optimizer step (counted in train/skipped_steps), never NaNs
   the weights.
+- Prefix sharing (`learner.prefix_sharing`, GSPO/GRPO): the samples of a group share their prompt, so the rows of
+  a micro-batch with the same prompt run it forward once and only their answers on its KV cache
+  (`rlsys/prefix.py`); rows are ordered by prompt before they are cut into micro-batches. Same logprobs, same
+  gradients; `train/prefix_saved_frac` is the share of input tokens it did not run.
 - `train/logp_diff_mean` compares the engine's sampling logprobs with the learner's recomputation on the
   first micro-batch before any update: the stale-weights alarm of DESIGN.md.
 """
@@ -26,6 +30,7 @@ import torch
 
 from rlsys.algos import GRPOConfig, GSPOConfig, group_advantages, grpo_loss, gspo_loss, sft_loss, token_logprobs
 from rlsys.config import Config
+from rlsys.prefix import find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs, sharing_supported
 from rlsys.types import Segment, Trajectory
 from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES, BucketPacker
 from rlsys.weights.transport import make_transport
@@ -117,6 +122,11 @@ class Learner:
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self.rank, self.world_size = 0, 1
+        self.prefix_sharing = cfg.learner.prefix_sharing and cfg.algo.name != "sft"
+        if self.prefix_sharing and (why := sharing_supported(self.model)) is not None:
+            print(f"rlsys: learner.prefix_sharing off: {why}", flush=True)
+            self.prefix_sharing = False
+        self._tokens = [0, 0]  # input tokens [not run thanks to prefix sharing, in all] of this `train` call
 
     # --- data parallelism ------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -192,6 +202,7 @@ class Learner:
             return {**adv_metrics, "train/skipped_steps": 0.0, "train/num_sequences": 0.0}
         chunks = _split(rows, self.cfg.algo.n_minibatches)
         self._last_trained: list[Segment] = []
+        self._tokens = [0, 0]
         logp_old = self._recompute_old_logprobs(rows) if self.cfg.algo.logp_mode == "decoupled" else None
         totals: dict[str, float] = {}
         weights: dict[str, float] = {}
@@ -219,6 +230,8 @@ class Learner:
         out["train/lr"] = self.scheduler.get_last_lr()[0]
         out["train/num_sequences"] = float(len(rows))
         out["train/optimizer_steps"] = float(self.optimizer_steps)
+        if self.prefix_sharing:
+            out["train/prefix_saved_frac"] = self._tokens[0] / max(self._tokens[1], 1)
         return out
 
     def _policy_rows(self, trajs: list[Trajectory]) -> tuple[list[_Row], dict[str, float]]:
@@ -247,6 +260,7 @@ class Learner:
         local = chunk[self.rank :: self.world_size]  # this rank's share; normalisers count the whole chunk
         active = [r for r in local if algo == "sft" or r.advantage != 0.0]
         self._last_trained += [r.segment for r in active]
+        active = self._by_prompt(active)
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
         loss_sum = 0.0
@@ -254,14 +268,14 @@ class Learner:
         for start in range(0, len(active), mbs):
             micro = active[start : start + mbs]
             batch = _collate(micro, self.pad_id, self.device)
-            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-            logits = out.logits[:, :-1].float()  # (B, T-1, V): logits[:, t] predicts input_ids[:, t+1]
             targets = batch["input_ids"][:, 1:]  # (B, T-1)
             mask = batch["loss_mask"][:, 1:]  # (B, T-1)
             if algo == "sft":
+                out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+                logits = out.logits[:, :-1].float()  # (B, T-1, V): logits[:, t] predicts input_ids[:, t+1]
                 loss, m = sft_loss(logits, targets, mask, normalizer=float(sum(r.segment.num_sampled for r in chunk)))
             else:
-                logp_new = token_logprobs(logits, targets)  # (B, T-1)
+                logp_new = self._token_logprobs(micro, batch)  # (B, T-1)
                 rollout_lp = batch["rollout_logprobs"][:, 1:]  # (B, T-1)
                 if logp_old is None:
                     old, tis_ref = rollout_lp, None
@@ -303,8 +317,7 @@ class Learner:
     def _logp_diff(self, micro: list[_Row]) -> dict[str, float]:
         """|engine sampling logprob - learner logprob| over the sampled tokens of ``micro``."""
         batch = _collate(micro, self.pad_id, self.device)
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        lp = token_logprobs(logits[:, :-1].float(), batch["input_ids"][:, 1:])  # (B, T-1)
+        lp = self._token_logprobs(micro, batch)  # (B, T-1)
         mask = batch["loss_mask"][:, 1:]
         diff = (batch["rollout_logprobs"][:, 1:] - lp).abs() * mask
         return {"train/logp_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)), "train/logp_diff_max": float(diff.max())}
@@ -313,15 +326,34 @@ class Learner:
     def _recompute_old_logprobs(self, rows: list[_Row]) -> dict[int, torch.Tensor]:
         self.model.eval()
         out = {}
+        rows = self._by_prompt(rows)
         for start in range(0, len(rows), self.cfg.learner.mini_bs):
             micro = rows[start : start + self.cfg.learner.mini_bs]
             batch = _collate(micro, self.pad_id, self.device)
-            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-            lp = token_logprobs(logits[:, :-1].float(), batch["input_ids"][:, 1:])  # (B, T-1)
+            lp = self._token_logprobs(micro, batch)  # (B, T-1)
             for r, row_lp in zip(micro, lp):
                 out[id(r)] = row_lp
         self.model.train()
         return out
+
+    def _token_logprobs(self, micro: list[_Row], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, T-1) logprobs of each row's tokens (loss-masked ones exact), shared prompts run once if on."""
+        ids, attn = batch["input_ids"], batch["attention_mask"]
+        if not self.prefix_sharing:
+            return plain_token_logprobs(self.model, ids, attn)
+        groups = find_prefix_groups([r.segment.input_ids for r in micro], [r.segment.loss_mask for r in micro])
+        self._tokens[0] += sum((len(m) - 1) * n for m, n in zip(groups.members, groups.lengths))
+        self._tokens[1] += int(attn.sum())
+        if not groups.members:
+            return plain_token_logprobs(self.model, ids, attn)
+        return shared_token_logprobs(self.model, ids, attn, groups)
+
+    def _by_prompt(self, rows: list[_Row]) -> list[_Row]:
+        """With prefix sharing, rows that share a prompt next to each other, so they share a micro-batch."""
+        if not self.prefix_sharing:
+            return rows
+        order = group_order([r.segment.input_ids for r in rows], [r.segment.loss_mask for r in rows])
+        return [rows[i] for i in order]
 
     # --- weights out ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -160,6 +160,10 @@ class LearnerConfig(_Section):
     """Gradient clipping; a non-finite norm skips the optimizer step."""
     mini_bs: int = Field(4, ge=1)
     """Micro-batch size (trajectories per forward/backward); gradients accumulate over micro-batches."""
+    prefix_sharing: bool = True
+    """GSPO/GRPO: run the prompt that the samples of a micro-batch share forward once and their answers on its KV
+    cache (`rlsys/prefix.py`; same logprobs and gradients, ~6x fewer tokens on tic-tac-toe). Sequences whose
+    prompt no other one has, SFT, and models under gradient checkpointing take the plain full-sequence forward."""
 
 
 class SyncConfig(_Section):

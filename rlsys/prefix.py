@@ -1,0 +1,193 @@
+"""Prefix sharing for the learner: a group's shared prompt runs forward once, its KV cache serves every sample.
+
+The n samples of a GSPO/GRPO group share one prompt (~234 tokens on tic-tac-toe) and differ in ~20 sampled
+tokens, yet a plain forward runs every sequence's full length. Here the rows of a micro-batch whose prompts (the
+tokens before their first loss-masked token) are identical form a sharing group; for each group:
+
+1. the prompt minus its last token (the shared prefix, L tokens) runs once through the decoder with a KV cache,
+   with grad: the groups' prefixes are right-padded into one (G, L_max) batch, causal attention only (padding at
+   the end cannot reach the real tokens before it);
+2. the cache is indexed along the batch onto the group's members (`batch_select_indices`): a gather, so in the
+   backward the members' key/value gradients are summed into the one prefix pass, which is exact;
+3. the suffixes (the prompt's last token, then everything after it, right-padded) run with that cache, the 2-D
+   attention mask over [L_max cached slots | suffix] (the group's padded slots L..L_max masked out) and position ids
+   L, L+1, ...: the same positions, the same keys and values, so the same logits, as the unshared path.
+
+The prompt's last token goes into the suffix because its logits predict the first sampled token; the prefix pass
+needs no logits at all (it runs the decoder, not the LM head). Loss-masked tokens are never shared, so a multi-turn
+segment shares only its first prompt and its later turns and tool results ride in the suffix. Rows whose prompt no
+other row of the micro-batch has go through the plain forward, in the same micro-batch.
+
+Needs a cache whose keys are plain per-position tensors and a mask built from cache lengths (transformers 5.x
+`DynamicCache` with full-attention layers, checked against 5.24's `masking_utils`: the query offset is the cache
+length, so causality holds in cache-slot order whatever the position ids). Off (callers use the plain path) under
+gradient checkpointing, which drops the cache in training, and for models with sliding-window or linear layers.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from rlsys.algos.logprobs import token_logprobs
+
+
+@dataclass(frozen=True)
+class PrefixGroups:
+    """Which rows of a micro-batch share a prefix. Row indices refer to the micro-batch's order."""
+
+    members: list[list[int]] = field(default_factory=list)  # (G,) rows of each sharing group, >= 2 rows each
+    lengths: list[int] = field(default_factory=list)  # (G,) shared tokens of each group: its prompt minus the last
+    rest: list[int] = field(default_factory=list)  # rows on the plain path
+
+    def __post_init__(self) -> None:
+        if len(self.members) != len(self.lengths):
+            raise ValueError(f"PrefixGroups: {len(self.members)} groups but {len(self.lengths)} lengths")
+        if any(n < 1 for n in self.lengths):
+            raise ValueError(f"PrefixGroups: shared lengths must be >= 1, got {self.lengths}")
+
+    @property
+    def shared_rows(self) -> int:
+        return sum(len(m) for m in self.members)
+
+
+def find_prefix_groups(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]],
+                       min_members: int = 2) -> PrefixGroups:
+    """Group the rows whose prompts (tokens before the first loss-masked one) are identical.
+
+    Groups in order of first appearance; a prompt of fewer than 2 tokens (nothing left to share once its last
+    token goes to the suffix), a row without sampled tokens, or a prompt held by fewer than `min_members` rows
+    stays on the plain path."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    rest = []
+    for i, (ids, mask) in enumerate(zip(input_ids, loss_masks)):
+        first = next((t for t, m in enumerate(mask) if m), None)
+        if first is None or first < 2:
+            rest.append(i)
+            continue
+        by_prompt.setdefault(tuple(ids[:first]), []).append(i)
+    members, lengths = [], []
+    for prompt, rows in by_prompt.items():
+        if len(rows) >= min_members:
+            members.append(rows)
+            lengths.append(len(prompt) - 1)
+        else:
+            rest += rows
+    return PrefixGroups(members, lengths, sorted(rest))
+
+
+def group_order(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]]) -> list[int]:
+    """A stable order of the rows that puts rows with the same prompt next to each other (first appearance
+    first), so that a sharing group lands in one micro-batch."""
+    keys: dict[tuple[int, ...], int] = {}
+    order = []
+    for i, (ids, mask) in enumerate(zip(input_ids, loss_masks)):
+        first = next((t for t, m in enumerate(mask) if m), len(mask))
+        order.append((keys.setdefault(tuple(ids[:first]), len(keys)), i))
+    return [i for _, i in sorted(order)]
+
+
+def sharing_supported(model: torch.nn.Module) -> str | None:
+    """None if `shared_token_logprobs` is exact on this model, else why not (the caller uses the plain path)."""
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers 5.x's name
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    if checkpointing:
+        return "gradient checkpointing drops the KV cache in training"
+    layer_types = getattr(model.config, "layer_types", None) or ["full_attention"]
+    if any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))}: only full-attention caches are shared"
+    if _cache_kwarg(model) is None:
+        return f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`"
+    return None
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str | None:
+    """transformers 5.x renamed `past_key_values` to `cache` (the old name warns until 5.40)."""
+    params = inspect.signature(type(model).forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
+
+
+def plain_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T-1) logprobs of input_ids[:, 1:] from one full forward: the path prefix sharing must equal."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+    return token_logprobs(logits[:, :-1].float(), input_ids[:, 1:])
+
+
+def shared_token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,  # (B, T) right-padded
+    attention_mask: torch.Tensor,  # (B, T) 1 on real tokens
+    groups: PrefixGroups,
+) -> torch.Tensor:  # (B, T-1): [b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1])
+    """Per-token logprobs of a micro-batch, the groups' prefixes run once (see the module docstring).
+
+    Equal to `plain_token_logprobs` wherever input_ids[b, t+1] comes after the row's shared prefix (every
+    loss-masked token); 0 on a shared row's prefix positions, which are never loss-masked, and on padding."""
+    B, T = input_ids.shape
+    device = input_ids.device
+    parts, order = [], []
+    if groups.rest:
+        rest = torch.tensor(groups.rest, device=device)
+        parts.append(plain_token_logprobs(model, input_ids[rest], attention_mask[rest]))  # (B_r, T-1)
+        order += groups.rest
+    if groups.members:
+        rows = [r for m in groups.members for r in m]
+        parts.append(_suffix_logprobs(model, input_ids, attention_mask, groups, T))  # (B_s, T-1)
+        order += rows
+    logp = torch.cat(parts)  # (B, T-1) in `order`
+    if sorted(order) != list(range(B)):
+        raise ValueError(f"shared_token_logprobs: groups cover rows {sorted(order)}, the batch has {B}")
+    inverse = torch.empty(B, dtype=torch.long, device=device)
+    inverse[torch.tensor(order, device=device)] = torch.arange(B, device=device)
+    return logp[inverse]
+
+
+def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: int) -> torch.Tensor:
+    from transformers import DynamicCache
+
+    device, pad = input_ids.device, 0
+    lengths = groups.lengths
+    L_max = max(lengths)
+    seq_lens = attention_mask.sum(-1).tolist()  # (B,) real tokens per row (right padding)
+
+    # Phase 1: the prefixes, one row per group, right-padded; the decoder only (no LM head), with grad.
+    prefix = torch.full((len(lengths), L_max), pad, dtype=input_ids.dtype, device=device)  # (G, L_max)
+    for g, (m, n) in enumerate(zip(groups.members, lengths)):
+        prefix[g, :n] = input_ids[m[0], :n]
+    cache = DynamicCache(config=model.config)
+    kw = _cache_kwarg(model)
+    model.base_model(input_ids=prefix, use_cache=True, **{kw: cache})
+
+    # Phase 2: the cache onto the members (a gather: the backward sums the members' gradients into the prefix).
+    member_group = [g for g, m in enumerate(groups.members) for _ in m]
+    cache.batch_select_indices(torch.tensor(member_group, device=device))  # (B_s, kv_heads, L_max, d) per layer
+
+    # Phase 3: the suffixes from each group's last prompt token, right-padded, at positions L, L+1, ...
+    rows = [r for m in groups.members for r in m]
+    starts = [lengths[g] for g in member_group]  # (B_s,) first suffix position of each member
+    suffix_lens = [seq_lens[r] - s for r, s in zip(rows, starts)]
+    S = max(suffix_lens)
+    suffix = torch.full((len(rows), S), pad, dtype=input_ids.dtype, device=device)  # (B_s, S)
+    mask = torch.zeros((len(rows), L_max + S), dtype=attention_mask.dtype, device=device)  # (B_s, L_max + S)
+    for k, (r, s, n) in enumerate(zip(rows, starts, suffix_lens)):
+        suffix[k, :n] = input_ids[r, s : s + n]
+        mask[k, :s] = 1
+        mask[k, L_max : L_max + n] = 1
+    start = torch.tensor(starts, device=device)
+    positions = start[:, None] + torch.arange(S, device=device)[None, :]  # (B_s, S)
+    logits = model(input_ids=suffix, attention_mask=mask, position_ids=positions, use_cache=True,
+                   **{kw: cache}).logits  # (B_s, S, V)
+    suffix_lp = token_logprobs(logits[:, :-1].float(), suffix[:, 1:])  # (B_s, S-1)
+
+    # Phase 4: back onto the full rows' positions: suffix column j is full column start + j.
+    k_idx, j_idx = [], []
+    for k, n in enumerate(suffix_lens):
+        k_idx += [k] * (n - 1)
+        j_idx += range(n - 1)
+    k_t = torch.tensor(k_idx, dtype=torch.long, device=device)
+    j_t = torch.tensor(j_idx, dtype=torch.long, device=device)
+    full = torch.zeros((len(rows), T - 1), dtype=suffix_lp.dtype, device=device)  # (B_s, T-1)
+    return full.index_put((k_t, start[k_t] + j_t), suffix_lp[k_t, j_t])

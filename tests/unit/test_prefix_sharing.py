@@ -1,0 +1,165 @@
+"""Prefix sharing (rlsys/prefix.py): the same per-token logprobs and the same GSPO gradients as the plain forward."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlsys.algos import GSPOConfig, gspo_loss
+from rlsys.prefix import (PrefixGroups, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
+                          sharing_supported)
+from rlsys.types import Segment, Trajectory
+from tests.conftest import job_config
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    return torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _segments() -> list[tuple[list[int], list[int]]]:
+    """(input_ids, loss_mask) rows: two prompts shared by 3 and 2 rows, one prompt of its own; answers of different
+    lengths, one answer followed by unsampled tokens, one multi-turn row (sampled, tool result, sampled)."""
+    a, b, c = _tokens(1, 30), _tokens(2, 22), _tokens(3, 17)
+
+    def row(prompt, spans):  # spans: (seed, length, sampled)
+        ids, mask = list(prompt), [0] * len(prompt)
+        for seed, n, sampled in spans:
+            ids += _tokens(seed, n)
+            mask += [int(sampled)] * n
+        return ids, mask
+
+    return [row(a, [(10, 5, 1)]), row(b, [(11, 9, 1)]), row(a, [(12, 3, 1), (13, 2, 0)]), row(c, [(14, 4, 1)]),
+            row(b, [(15, 2, 1)]), row(a, [(16, 4, 1), (17, 6, 0), (18, 3, 1)])]
+
+
+def _batch(rows):
+    T = max(len(ids) for ids, _ in rows)
+    ids = torch.zeros((len(rows), T), dtype=torch.long)  # (B, T) right-padded
+    attn = torch.zeros((len(rows), T), dtype=torch.long)
+    mask = torch.zeros((len(rows), T))
+    for i, (row_ids, row_mask) in enumerate(rows):
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        attn[i, : len(row_ids)] = 1
+        mask[i, : len(row_ids)] = torch.tensor(row_mask, dtype=torch.float32)
+    return ids, attn, mask[:, 1:]  # loss mask shifted like the logprobs
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    m.train()  # the learner's mode (dropout is 0 in the tiny model)
+    return m
+
+
+def test_groups_are_rows_with_identical_prompts():
+    rows = _segments()
+    g = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
+    assert g.members == [[0, 2, 5], [1, 4]]
+    assert g.lengths == [29, 21]  # the prompt minus its last token, whose logits predict the first sampled one
+    assert g.rest == [3]
+    # no sampled token, a 1-token prompt, a prompt of its own: nothing to share
+    assert find_prefix_groups([[1, 2, 3], [4, 5], [6, 7, 8]], [[0, 0, 0], [0, 1], [0, 0, 1]]).rest == [0, 1, 2]
+    assert group_order([r[0] for r in rows], [r[1] for r in rows]) == [0, 2, 5, 1, 4, 3]
+
+
+def test_shared_logprobs_equal_the_full_forward(model):
+    rows = _segments()
+    ids, attn, mask = _batch(rows)
+    groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
+    assert sharing_supported(model) is None
+    with torch.no_grad():
+        plain = plain_token_logprobs(model, ids, attn)  # (B, T-1)
+        shared = shared_token_logprobs(model, ids, attn, groups)  # (B, T-1)
+    assert shared.shape == plain.shape
+    sampled = mask.bool()
+    assert torch.allclose(shared[sampled], plain[sampled], atol=1e-5, rtol=0), \
+        f"sampled-token logprobs differ by up to {(shared - plain)[sampled].abs().max():.2e}"
+    # every position after each row's shared prefix matches too (the tool result of the multi-turn row included)
+    after = torch.zeros_like(sampled)
+    for rows_g, n in zip(groups.members, groups.lengths):
+        for r in rows_g:
+            after[r, n : len(rows[r][0]) - 1] = True
+    assert torch.allclose(shared[after], plain[after], atol=1e-5, rtol=0)
+
+
+def test_gspo_gradients_equal_the_full_forward(model):
+    rows = _segments()
+    ids, attn, mask = _batch(rows)
+    groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
+    adv = torch.tensor([1.0, -0.5, -1.2, 0.7, 0.5, 0.3])  # (B,)
+    with torch.no_grad():  # an old policy a little off the current one, so the ratio is not 1
+        old = plain_token_logprobs(model, ids, attn) + 0.01 * torch.randn(ids.shape[0], ids.shape[1] - 1,
+                                                                          generator=torch.Generator().manual_seed(0))
+    cfg = GSPOConfig(clip_eps_low=0.2, clip_eps_high=0.2)
+
+    def grads(fn):
+        model.zero_grad(set_to_none=True)
+        loss, _ = gspo_loss(fn(model, ids, attn), old, adv, mask, cfg)
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain = grads(lambda m, i, a: plain_token_logprobs(m, i, a))
+    shared = grads(lambda m, i, a: shared_token_logprobs(m, i, a, groups))
+    model.zero_grad(set_to_none=True)
+    for name, g in plain.items():
+        assert g.abs().sum() > 0 or name.endswith("bias"), f"{name}: no gradient on the plain path"
+        torch.testing.assert_close(shared[name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+def test_no_shared_prompt_falls_back_to_the_full_forward(model):
+    rows = [r for i, r in enumerate(_segments()) if i in (0, 1, 3)]  # three different prompts
+    ids, attn, _ = _batch(rows)
+    groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
+    assert groups == PrefixGroups([], [], [0, 1, 2])
+    with torch.no_grad():
+        assert torch.equal(shared_token_logprobs(model, ids, attn, groups), plain_token_logprobs(model, ids, attn))
+
+
+def _trajectories() -> list[Trajectory]:
+    """Two boards of 4 samples, interleaved (as an async rollout may return them), and one board of 1 sample."""
+    out = []
+    for sample in range(4):
+        for group, prompt in enumerate((_tokens(1, 30), _tokens(2, 22))):
+            answer = _tokens(100 + 10 * group + sample, 3 + sample + group)
+            ids = prompt + answer
+            seg = Segment(ids, [0] * len(prompt) + [1] * len(answer), [0.0] * len(prompt) + [-1.0] * len(answer))
+            reward = [1.0, 0.0, 0.5, -1.0][(sample + group) % 4]
+            out.append(Trajectory(item_id=f"b{group}", group=group, sample=sample, segments=[seg], reward=reward,
+                                  num_turns=1))
+    lone = _tokens(3, 17) + _tokens(200, 4)
+    out.append(Trajectory(item_id="b2", group=2, sample=0, segments=[Segment(lone, [0] * 17 + [1] * 4, [0.0] * 21)],
+                          reward=1.0, num_turns=1))
+    return out
+
+
+def test_learner_minibatch_gradients_equal_with_and_without_sharing(tmp_path, tiny_model_path):
+    from actors.learner import Learner
+
+    grads, stats = {}, {}
+    for on in (True, False):
+        learner = Learner(job_config(tmp_path, f"learner.prefix_sharing={str(on).lower()}", "algo.name=gspo"),
+                          tiny_model_path)
+        assert learner.prefix_sharing is on
+        rows, _ = learner._policy_rows(_trajectories())
+        learner._last_trained = []
+        learner._tokens = [0, 0]
+        stats[on] = learner._minibatch(rows, None, first=True)
+        grads[on] = {n: p.grad.clone() for n, p in learner.model.named_parameters()}
+        if on:
+            assert learner._tokens[0] == 3 * 29 + 3 * 21, "the two 4-sample boards did not share their prompts"
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
+    # (not train/logp_diff_*: they are measured on the first micro-batch, which sharing fills by prompt)
+    for key in ("train/loss", "train/grad_norm", "train/ratio_mean", "train/pg_loss"):
+        assert stats[True][key] == pytest.approx(stats[False][key], rel=1e-4, abs=1e-6), key
+
+
+def test_sharing_is_off_under_gradient_checkpointing(tmp_path, tiny_model_path):
+    from actors.learner import Learner
+
+    learner = Learner(job_config(tmp_path, "model.gradient_checkpointing=true", "algo.name=gspo"), tiny_model_path)
+    assert not learner.prefix_sharing
+    assert "checkpointing" in sharing_supported(learner.model)
