@@ -135,25 +135,34 @@ def _trajectories() -> list[Trajectory]:
     return out
 
 
-def test_learner_minibatch_gradients_equal_with_and_without_sharing(tmp_path, tiny_model_path):
+@pytest.mark.parametrize("algo,logp_mode", [("gspo", "bypass"), ("grpo", "bypass"), ("gspo", "decoupled")])
+def test_learner_minibatch_gradients_equal_with_and_without_sharing(tmp_path, tiny_model_path, algo, logp_mode):
+    """The learner's own path: rows ordered by prompt into micro-batches of 3, so a board's samples are split over
+    two and one micro-batch mixes shared and plain rows; in "decoupled" mode logp_old is the learner's recompute,
+    shared too."""
     from actors.learner import Learner
 
     grads, stats = {}, {}
     for on in (True, False):
-        learner = Learner(job_config(tmp_path, f"learner.prefix_sharing={str(on).lower()}", "algo.name=gspo"),
+        learner = Learner(job_config(tmp_path, f"learner.prefix_sharing={str(on).lower()}", f"algo.name={algo}",
+                                     f"algo.logp_mode={logp_mode}", mini_bs="3", batch_size="3", n_samples="3"),
                           tiny_model_path)
         assert learner.prefix_sharing is on
         rows, _ = learner._policy_rows(_trajectories())
         learner._last_trained = []
         learner._tokens = [0, 0]
-        stats[on] = learner._minibatch(rows, None, first=True)
+        logp_old = learner._recompute_old_logprobs(rows) if logp_mode == "decoupled" else None
+        stats[on] = learner._minibatch(rows, logp_old, first=True)
         grads[on] = {n: p.grad.clone() for n, p in learner.model.named_parameters()}
         if on:
-            assert learner._tokens[0] == 3 * 29 + 3 * 21, "the two 4-sample boards did not share their prompts"
+            # micro-batches [a a a] [a b b] [b b] (+ the lone board in the recompute): 2 x 29 + 1 x 21 + 1 x 21
+            saved = 100 * (2 if logp_mode == "decoupled" else 1)  # the recompute shares as well
+            assert learner._tokens[0] == saved, "the two 4-sample boards did not share their prompts"
     for name, g in grads[False].items():
         torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
-    # (not train/logp_diff_*: they are measured on the first micro-batch, which sharing fills by prompt)
-    for key in ("train/loss", "train/grad_norm", "train/ratio_mean", "train/pg_loss"):
+    # The loss and the grad norm are sums over the whole minibatch; the other metrics are means of micro-batch
+    # means, which depend on how rows fall into micro-batches (sharing orders them by prompt).
+    for key in ("train/loss", "train/grad_norm"):
         assert stats[True][key] == pytest.approx(stats[False][key], rel=1e-4, abs=1e-6), key
 
 
