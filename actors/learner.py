@@ -392,11 +392,15 @@ class Learner:
         return self._packer
 
     def device_where(self) -> dict[str, Any]:
-        """Where this rank's weights live: node, Ray's GPU ids, whether on CUDA (choose_transport reads it)."""
+        """Where this rank's weights live: node, Ray's GPU ids, whether on CUDA and the GPU's uuid (the driver's
+        choice of transport reads it)."""
         import ray
 
+        from rlsys.weights.transport import gpu_uuid
+
+        on_gpu = self.device.type == "cuda"
         return {"node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "on_gpu": self.device.type == "cuda"}
+                "on_gpu": on_gpu, "gpu_uuid": gpu_uuid(self.device) if on_gpu else None}
 
     def ipc_collect(self) -> None:
         """After the engines answered a push: free CUDA memory the engines no longer map (a no-op while the

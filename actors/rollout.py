@@ -53,7 +53,8 @@ def build_engine(cfg: Config, model_path: str):
         return make_engine("vllm", model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed,
                            dtype=engine_dtype(cfg), gpu_memory_utilization=engine_memory_fraction(cfg, model_path),
                            max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True,
-                           kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30))
+                           kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30),
+                           tensor_parallel_size=cfg.cluster.tp_size, ray_executor=cfg.vllm_ray_executor())
     return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed)
 
 
@@ -160,10 +161,15 @@ class RolloutWorker:
 
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         gpu_ids = [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
-        # "on_gpu": the engine's weights live on a GPU (vLLM); with "node_id" and Ray's "gpu_ids" the driver
-        # picks the weight transport (jobs/placement.py choose_transport) and calls `set_transport`
+        workers = []  # vLLM: each worker's GPU uuid and node (its own process, or a Ray actor of its own)
+        if self._engine_kind == "vllm":
+            workers = [{**w, "node_id": w.get("node_id") or node_id} for w in await self.engine.worker_devices()]
+        # "on_gpu": the engine's weights live on a GPU (vLLM); with "node_id" and Ray's "gpu_ids" (or, for
+        # vLLM's Ray executor, "workers") the driver picks the weight transport (jobs/placement.py) and calls
+        # `set_transport`
         return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self._transport_name,
-                "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm"}
+                "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm", "workers": workers,
+                "ray_executor": self._engine_kind == "vllm" and self.cfg.vllm_ray_executor()}
 
     async def set_transport(self, name: str) -> None:
         """How weights arrive from now on (the driver's choice by placement: cuda_ipc, collective, object_store)."""
@@ -218,6 +224,14 @@ class RolloutWorker:
         """Load a transport payload in place; returns the number of tensors loaded. For `collective` the payload
         is a `CollectiveTicket` and the bytes arrive by broadcast while this call runs."""
         return await self.engine.load_payload(self.transport, payload)
+
+    async def load_weights_per_gpu(self, gpu_uuids: list[str], *payloads: Any) -> int:
+        """`load_weights` for an engine whose workers sit on several GPUs (vLLM's Ray executor): the CUDA IPC
+        payload of the learner rank on each GPU (Ray resolves them: positional arguments), and each worker opens
+        its own GPU's (`PerGpuPayload`)."""
+        from rlsys.weights.transport import PerGpuPayload
+
+        return await self.engine.load_payload(self.transport, PerGpuPayload(dict(zip(gpu_uuids, payloads))))
 
     async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
         return await self.engine.score(prompt_ids, continuation_ids)

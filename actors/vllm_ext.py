@@ -22,14 +22,18 @@ import torch
 
 class WorkerExtension:
     def rlsys_load_ipc(self, payload: bytes) -> dict:
-        """Load a pickled list of `IpcBucket`; returns {"count", "missing", "path", "worker_ms", "opened"}."""
-        from rlsys.weights.transport import IpcBufferCache
+        """Load a pickled list of `IpcBucket` (or a `PerGpuPayload`: this worker's GPU's list); returns
+        {"count", "missing", "path", "worker_ms", "opened"}."""
+        from rlsys.weights.transport import IpcBufferCache, PerGpuPayload, gpu_uuid
 
         start = time.perf_counter()
         cache = getattr(self, "_rlsys_ipc_cache", None)
         if cache is None:
             cache = self._rlsys_ipc_cache = IpcBufferCache()
-        named = cache.views(pickle.loads(payload), self.device.index)
+        buckets = pickle.loads(payload)
+        if isinstance(buckets, PerGpuPayload):
+            buckets = buckets.for_gpu(gpu_uuid(self.device))
+        named = cache.views(buckets, self.device.index)
         info = self._rlsys_load(named)
         info.update(worker_ms=(time.perf_counter() - start) * 1e3, opened=cache.opened, reused=cache.reused)
         return info
@@ -68,6 +72,18 @@ class WorkerExtension:
         info = self._rlsys_load(named)
         info["worker_ms"] = (time.perf_counter() - start) * 1e3
         return info
+
+    def rlsys_device(self) -> dict:
+        """Where this worker's weights live: {"gpu_uuid", "node_id"} (Ray's node id; None outside Ray)."""
+        from rlsys.weights.transport import gpu_uuid
+
+        try:
+            import ray
+
+            node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except ImportError:
+            node_id = None
+        return {"gpu_uuid": gpu_uuid(self.device), "node_id": node_id}
 
     def rlsys_get_weights(self, names: list[str] | None = None) -> bytes:
         """Pickled {vLLM parameter name: CPU copy} (all parameters, or those in ``names``)."""

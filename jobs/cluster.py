@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from jobs.placement import choose_transport, make_env_workers, place_actors
+from jobs.placement import choose_engine_transport, make_env_workers, place_actors
 from rlsys import checkpoint as ckpt
 from rlsys.config import Config, ConfigError, dump_config
 from rlsys.metrics import rollout_metrics
@@ -192,8 +192,9 @@ class WeightSync:
     """Learners -> engines, behind one call (`push`), then the canary (`check_canary`).
 
     Engine i is fed by learner rank `sources[i]`, the rank on its GPU (or node), by the transport the placement
-    chose for that pair (`jobs.placement.choose_transport`); all ranks hold the same weights, so any rank is a
-    correct source. `collective` routes (one group per source rank and the engines it feeds) are opened on the
+    chose for that pair (`jobs.placement.choose_engine_transport`); all ranks hold the same weights, so any rank
+    is a correct source. An engine of vLLM Ray workers fed by CUDA IPC (`per_gpu[i]`) gets every worker's rank's
+    handles at once, and each worker opens those of its own GPU. `collective` routes (one group per source rank and the engines it feeds) are opened on the
     first push: the bucket plan goes to the engines once, then each push is the learner's broadcasts and the
     engines' receives, running at the same time."""
 
@@ -210,6 +211,8 @@ class WeightSync:
     canary_every: int = 1  # check after every N-th push (the check at start always runs)
     collective_backend: str = "gloo"  # "nccl" when learners and engines are on GPUs
     collective_timeout_s: float = DEFAULT_TIMEOUT_S  # rendezvous and broadcast timeout of collective routes
+    # (E,) for an engine of vLLM Ray workers fed by CUDA IPC: (learner rank, GPU uuid) per worker; else None
+    per_gpu: list[Any] | None = None
     _routes: dict[int, Any] = field(default_factory=dict, repr=False)  # source rank -> CollectiveRoute
     _tickets: dict[int, Any] = field(default_factory=dict, repr=False)  # engine index -> CollectiveTicket
     _canary_calls: int = field(default=0, repr=False)
@@ -220,7 +223,8 @@ class WeightSync:
 
     def push(self) -> dict[str, float]:
         """Wake the engines' weights (not their KV cache), load the learners' weights, check the count."""
-        routes = sorted(set(zip(self.sources, self.transports)))
+        fed = [[r for r, _ in shards] if shards else [r] for r, shards in zip(self.sources, self._per_gpu())]
+        routes = sorted({(r, t) for ranks, t in zip(fed, self.transports) for r in ranks})
         # the learners pack while the engines map their weight memory back: two processes, no ordering needed
         payloads = {(r, t): self.learners[r].export_weights.remote(t, self.bucket_bytes)
                     for r, t in routes if t != "collective"}
@@ -228,8 +232,15 @@ class WeightSync:
         tickets = self._collective_tickets()
         sends = [self.learners[r].export_weights.remote("collective", self.bucket_bytes, route)
                  for r, route in self._routes.items()]  # broadcasts, met by the engines' receives below
-        counts = ray.get([e.load_weights.remote(tickets[i] if t == "collective" else payloads[(r, t)])
-                          for i, (e, r, t) in enumerate(zip(self.engines, self.sources, self.transports))])
+        loads = []
+        for i, (e, r, t, shards) in enumerate(zip(self.engines, self.sources, self.transports, self._per_gpu())):
+            if t == "collective":
+                loads.append(e.load_weights.remote(tickets[i]))
+            elif shards:  # vLLM Ray workers: each opens the handles of the rank on its GPU
+                loads.append(e.load_weights_per_gpu.remote([u for _, u in shards], *[payloads[(k, t)] for k, _ in shards]))
+            else:
+                loads.append(e.load_weights.remote(payloads[(r, t)]))
+        counts = ray.get(loads)
         ray.get(sends)
         for i in tickets:  # the plan went with the first push
             tickets[i].plan = None
@@ -240,6 +251,9 @@ class WeightSync:
                 raise RuntimeError(f"weight push: engine {i} loaded {count} tensors, the learner sent "
                                    f"{self.expected_count}; refusing to roll out with partly stale weights")
         return {"sync/tensors": float(self.expected_count)}
+
+    def _per_gpu(self) -> list[Any]:
+        return self.per_gpu or [None] * len(self.engines)
 
     def _collective_tickets(self) -> dict[int, Any]:
         """Engine index -> its CollectiveTicket; on the first call, a route (group) per source rank: the rank's
@@ -321,14 +335,15 @@ class Job:
             ray.get([rank.init_distributed.remote(r, len(learners), f"tcp://{ip}:{port}")
                      for r, rank in enumerate(learners)])
         infos = ray.get([r.start.remote() for r in placed.rollouts])
-        transports, backend = choose_transports(cfg, learners, placed.rollouts, sources, infos)
+        feeders = placed.feeders or [[r] for r in sources]
+        transports, per_gpu, backend = choose_transports(cfg, learners, placed.rollouts, feeders, infos)
         proxies = [{**info, "transport": t, "actor": r} for info, t, r in zip(infos, transports, placed.rollouts)]
         print(f"rlsys: {len(learners)} learner rank(s), {len(infos)} engine(s); weights by "
               f"{', '.join(sorted(set(transports)))}", flush=True)
         prompt, continuation = canary_sequence(model_path)
         num_params = ray.get(learner.num_parameters.remote())
         weights = WeightSync(
-            learners=learners, engines=placed.rollouts, sources=sources, transports=transports,
+            learners=learners, engines=placed.rollouts, sources=sources, transports=transports, per_gpu=per_gpu,
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
             canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
             canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every, collective_backend=backend,
@@ -496,20 +511,23 @@ def _gather(refs: list[Any], progress: bool, desc: str) -> list[TrajectorySummar
     return out
 
 
-def choose_transports(cfg: Config, learners: list[Any], rollouts: list[Any], sources: list[int],
-                      infos: list[dict[str, Any]]) -> tuple[list[str], str]:
-    """Per engine, the transport from its source rank (`sync.transport`, `auto` resolved by where both landed),
-    set on the engine and logged; and the collective routes' backend (nccl when learners and engines are on
-    GPUs, else gloo)."""
+def choose_transports(cfg: Config, learners: list[Any], rollouts: list[Any], feeders: list[list[int]],
+                      infos: list[dict[str, Any]]) -> tuple[list[str], list[Any], str]:
+    """Per engine, the transport from the learner ranks on its GPUs (`sync.transport`, `auto` resolved by where
+    both landed: `jobs.placement.choose_engine_transport`) and, for vLLM Ray workers fed by CUDA IPC, the
+    (rank, GPU uuid) of each worker; set on the engine and logged. Also the collective routes' backend (nccl
+    when learners and engines are on GPUs, else gloo)."""
     wheres = ray.get([rank.device_where.remote() for rank in learners])
-    transports = []
-    for i, (info, r) in enumerate(zip(infos, sources)):
-        transport, why = choose_transport(cfg.sync.transport, wheres[r], info)
-        print(f"rlsys: weights learner-{r} -> rollout-{i}: {transport} ({why})", flush=True)
+    transports, per_gpu = [], []
+    for i, (info, ranks) in enumerate(zip(infos, feeders)):
+        transport, why, shards = choose_engine_transport(cfg.sync.transport, {r: wheres[r] for r in ranks}, info)
+        fed_by = ", ".join(f"learner-{r}" for r, _ in shards) if shards else f"learner-{ranks[0]}"
+        print(f"rlsys: weights {fed_by} -> rollout-{i}: {transport} ({why})", flush=True)
         transports.append(transport)
+        per_gpu.append(shards)
     ray.get([rollout.set_transport.remote(t) for rollout, t in zip(rollouts, transports)])
     on_gpus = all(w["on_gpu"] for w in wheres) and all(info.get("on_gpu") for info in infos)
-    return transports, "nccl" if on_gpus else "gloo"
+    return transports, per_gpu, "nccl" if on_gpus else "gloo"
 
 
 def canary_sequence(model_path: str) -> tuple[list[int], list[int]]:

@@ -4,13 +4,15 @@ CPU (no GPU in the cluster): one learner and one engine with `num_gpus=0`, weigh
 (or gloo broadcasts with `sync.transport = "collective"`).
 GPUs: one placement group with a `{"GPU": 1, "CPU": k}` bundle per GPU of `cluster.world_size`; learner rank r
 and engine r share bundle r with fractional `num_gpus` and take turns (rollout, then train), so weights go
-by CUDA IPC on one GPU. Bundles may sit on several nodes. vLLM's memory share is not set here: the rollout
+by CUDA IPC on one GPU. With `cluster.tp_size` T > 1 engine e spans bundles e*T .. e*T+T-1 through vLLM's Ray
+executor (one vLLM worker actor per bundle, beside that bundle's learner rank), and each worker gets the CUDA
+IPC handles of the rank on its GPU. Bundles may sit on several nodes. vLLM's memory share is not set here: the rollout
 actor derives `gpu_memory_utilization` from `rollout.gpu_memory_budget_gib` and the device's size. Env
 workers run on CPU, outside the bundles, on the node of the engine they call.
 The driver sees the same `Placement` either way; Ray with fake GPUs (`num_gpus` on a CPU box) exercises
 the GPU layout on CPU with the transformers engine and the object store (tests/loop/test_scale_out.py).
 How weights travel is chosen per engine from where its source rank and it actually landed
-(`choose_transport`, called by the driver once the engines report their device).
+(`choose_engine_transport`, called by the driver once the engines report their workers' devices).
 """
 from __future__ import annotations
 
@@ -47,9 +49,10 @@ GPU_ACTOR_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_
 class Placement:
     learners: list[Any]  # learner ranks, rank r on GPU bundle r
     rollouts: list[Any]  # engines (+ proxies), one per `tp_size` GPUs
-    sources: list[int]  # (E,) the learner rank on each engine's GPU: where its weights come from
+    sources: list[int]  # (E,) the learner rank on each engine's (first) GPU: where its weights come from
     canary_tol: float  # default tolerance of the canary for this layout's dtype
     placement_group: Any = None  # GPU layout: the group holding the bundles (removed at shutdown)
+    feeders: list[list[int]] | None = None  # (E, T) the learner ranks on each engine's GPUs; None = `sources`
 
 
 def make_env_workers(cfg: Config, nodes: list[str | None], **options: Any) -> list[Any]:
@@ -89,38 +92,60 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
                      canary_tol=BF16_CANARY_TOL if half else FP32_CANARY_TOL)
 
 
+def engine_bundles(world_size: int, tp_size: int) -> list[list[int]]:
+    """The GPU bundles of each engine: engine e spans bundles e*T .. e*T+T-1, whose learner ranks feed it."""
+    return [list(range(e * tp_size, (e + 1) * tp_size)) for e in range(world_size // tp_size)]
+
+
+def rollout_placement(cfg: Config, pg: Any, bundles: list[int]) -> dict[str, Any]:
+    """Ray options of the rollout actor of the engine on ``bundles``. With vLLM's workers in the actor's own
+    engine process (tp_size 1): a share of the bundle's GPU, next to the learner. With vLLM's Ray executor
+    (`Config.vllm_ray_executor`): no GPU for the actor itself (it runs the scheduler and the proxy); its
+    placement group is captured by the tasks it starts, and `VLLM_RAY_BUNDLE_INDICES` /
+    `VLLM_RAY_PER_WORKER_GPUS` put one vLLM worker on each of the engine's bundles with the engine's share of
+    that GPU, beside that bundle's learner rank (vLLM's examples/offline_inference/rlhf_colocate.py)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    env = gpu_actor_env()
+    if not cfg.vllm_ray_executor():
+        return {"num_gpus": ROLLOUT_GPU_SHARE, "runtime_env": {"env_vars": env},
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=bundles[0])}
+    env.update(VLLM_RAY_BUNDLE_INDICES=",".join(map(str, bundles)), VLLM_RAY_PER_WORKER_GPUS=str(ROLLOUT_GPU_SHARE))
+    return {"num_gpus": 0, "runtime_env": {"env_vars": env},
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=bundles[0], placement_group_capture_child_tasks=True)}
+
+
 def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:
     """One placement group, one `{"GPU": 1, "CPU": k}` bundle per GPU of `cluster.world_size`: learner rank r
-    and (with tp_size 1) engine r share bundle r, so every push stays on one GPU (CUDA IPC). Bundles may
-    land on several nodes (`cluster.placement_strategy` PACK/SPREAD); an engine is always on its rank's node."""
+    in bundle r; engine e on bundles e*T .. e*T+T-1 (T = `cluster.tp_size`; with T = 1 engine r shares bundle r
+    with rank r), so every push stays on one GPU (CUDA IPC, one learner rank per engine worker). Bundles may
+    land on several nodes (`cluster.placement_strategy` PACK/SPREAD)."""
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     c = cfg.cluster
-    if c.tp_size != 1:
-        raise NotImplementedError(
-            f"cluster.tp_size={c.tp_size}: tensor-parallel engines (vLLM's Ray executor inside the placement "
-            "group) are not built yet; use tp_size 1 (one engine per GPU)"
-        )
     if c.world_size > available:
         raise UserInputError(f"cluster.world_size={c.world_size} but the Ray cluster has {available} GPU(s)")
+    if c.tp_size > 1 and c.placement_strategy == "SPREAD":
+        raise UserInputError(f"cluster.placement_strategy=SPREAD puts every bundle on another node, but a "
+                             f"tensor-parallel engine (tp_size {c.tp_size}) needs its GPUs on one node; use PACK or STRICT_PACK")
     pg = placement_group([{"GPU": 1, "CPU": c.cpus_per_bundle}] * c.world_size, strategy=c.placement_strategy,
                          name=f"rlsys-{secrets.token_hex(3)}")
     ray.get(pg.ready(), timeout=120)
     runtime_env = {"env_vars": gpu_actor_env()}
     token = secrets.token_urlsafe(24)
-    learners, rollouts = [], []
-    for rank in range(c.world_size):
-        in_bundle = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
-        learners.append(ray.remote(Learner).options(
-            name=f"learner-{rank}", num_cpus=0, num_gpus=LEARNER_GPU_SHARE, scheduling_strategy=in_bundle,
-            runtime_env=runtime_env).remote(cfg, model_path))
-        rollouts.append(ray.remote(RolloutWorker).options(
-            name=f"rollout-{rank}", num_cpus=0, num_gpus=ROLLOUT_GPU_SHARE, max_concurrency=1024,
-            scheduling_strategy=in_bundle, runtime_env=runtime_env).remote(
-            cfg, model_path, api_token=token, transport=cfg.sync.transport))
+    learners = [ray.remote(Learner).options(
+        name=f"learner-{rank}", num_cpus=0, num_gpus=LEARNER_GPU_SHARE, runtime_env=runtime_env,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank),
+    ).remote(cfg, model_path) for rank in range(c.world_size)]
+    feeders = engine_bundles(c.world_size, c.tp_size)  # rank r sits in bundle r
+    rollouts = [ray.remote(RolloutWorker).options(
+        name=f"rollout-{e}", num_cpus=0, max_concurrency=1024, **rollout_placement(cfg, pg, bundles)).remote(
+        cfg, model_path, api_token=token, transport=cfg.sync.transport) for e, bundles in enumerate(feeders)]
     bf16 = cfg.model.dtype in ("auto", "bfloat16", "float16")
-    return Placement(learners=learners, rollouts=rollouts, sources=list(range(c.world_size)),
+    return Placement(learners=learners, rollouts=rollouts, sources=[f[0] for f in feeders], feeders=feeders,
                      canary_tol=BF16_CANARY_TOL if bf16 else FP32_CANARY_TOL, placement_group=pg)
 
 
@@ -142,8 +167,11 @@ def choose_transport(requested: str, learner: dict[str, Any], engine: dict[str, 
     """
     on_gpus = bool(learner.get("on_gpu")) and bool(engine.get("on_gpu"))
     same_node = learner.get("node_id") == engine.get("node_id")
-    gpus = list(learner.get("gpu_ids") or [])
-    same_gpu = on_gpus and same_node and len(gpus) == 1 and gpus == list(engine.get("gpu_ids") or [])
+    if learner.get("gpu_uuid") and engine.get("gpu_uuid"):  # the physical GPU, whatever each process calls it
+        same_gpu = on_gpus and same_node and learner["gpu_uuid"] == engine["gpu_uuid"]
+    else:
+        gpus = list(learner.get("gpu_ids") or [])
+        same_gpu = on_gpus and same_node and len(gpus) == 1 and gpus == list(engine.get("gpu_ids") or [])
     where = ("the same GPU" if same_gpu else "different GPUs on one node" if on_gpus and same_node
              else "different nodes" if on_gpus else "CPU (learner or engine not on a GPU)")
     if requested == "auto":
@@ -160,3 +188,32 @@ def choose_transport(requested: str, learner: dict[str, Any], engine: dict[str, 
                              "GPU; use auto (cuda_ipc there) or cuda_ipc")
     backend = " (nccl)" if on_gpus else " (gloo)"
     return requested, f"{where}, as configured" + (backend if requested == "collective" else "")
+
+
+def choose_engine_transport(requested: str, feeders: dict[int, dict[str, Any]],
+                            engine: dict[str, Any]) -> tuple[str, str, list[tuple[int, str]] | None]:
+    """(transport, why, per_gpu) for one engine fed by the learner ranks on its GPUs (``feeders``: rank ->
+    `Learner.device_where`; ``engine``: `RolloutWorker.start`'s answer). One worker in the engine's own
+    process (tp_size 1, or a CPU engine): `choose_transport` for it and the first feeder, per_gpu None. vLLM's
+    Ray executor: each worker is matched with the rank on its GPU; all matched -> cuda_ipc with per_gpu =
+    [(rank, GPU uuid)] per worker (a `PerGpuPayload`); a one-worker engine elsewhere -> `choose_transport`; a
+    tensor-parallel engine elsewhere -> the object store (every worker loads the whole CPU buckets; a NCCL
+    route would need a group rank per worker, not built), and an explicit cuda_ipc or collective is refused."""
+    first = min(feeders)
+    workers = [{"node_id": w.get("node_id"), "on_gpu": True, "gpu_uuid": w.get("gpu_uuid")}
+               for w in engine.get("workers") or []]
+    if not engine.get("ray_executor"):
+        return (*choose_transport(requested, feeders[first], workers[0] if workers else engine), None)
+    matched = [next((r for r, f in sorted(feeders.items()) if f.get("on_gpu") and f.get("gpu_uuid") == w["gpu_uuid"]
+                     and f.get("node_id") == w["node_id"]), None) for w in workers]
+    if workers and None not in matched and requested in ("auto", "cuda_ipc"):
+        return "cuda_ipc", f"{len(workers)} vLLM Ray worker(s), each on a learner rank's GPU", [
+            (r, w["gpu_uuid"]) for r, w in zip(matched, workers)]
+    if len(workers) == 1:
+        return (*choose_transport(requested, feeders[first], workers[0]), None)
+    if requested in ("cuda_ipc", "collective"):
+        raise UserInputError(f"sync.transport={requested}: the {len(workers)} workers of a tensor-parallel engine are "
+                             "not each on a learner rank's GPU (cuda_ipc), and NCCL routes to tensor-parallel "
+                             "workers are not built; use auto (the object store)")
+    return "object_store", f"{len(workers)} tensor-parallel workers not each on a learner rank's GPU", None
+

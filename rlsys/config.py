@@ -80,6 +80,10 @@ class RolloutConfig(_Section):
     instead of level 1 (offload weights, drop KV cache)."""
     enforce_eager: bool = False
     """vLLM: no CUDA graphs / torch.compile (fast start, slower steady state)."""
+    executor: Literal["auto", "ray"] = "auto"
+    """vLLM's workers: `auto` = in the rollout actor's engine process with `cluster.tp_size` 1, Ray actors in the
+    job's placement group (vLLM's Ray executor, one worker per GPU bundle of the engine) with tp_size > 1.
+    `ray` also takes the Ray executor at tp_size 1 (the tensor-parallel path on one GPU)."""
     gpu_memory_budget_gib: float | None = Field(None, gt=0)
     """GPU memory of the whole co-located job in GiB (vLLM weights + KV cache, learner weights, gradients,
     optimizer states, activations). Checked before Ray starts against an estimate (rlsys/memory.py; refused,
@@ -282,6 +286,10 @@ class Config(_Section):
         if self.checkpoint.resume not in ("never", "auto") and not self.checkpoint.resume:
             raise ValueError("checkpoint.resume: empty; use never, auto or a checkpoint path")
         return self
+
+    def vllm_ray_executor(self) -> bool:
+        """Whether a vLLM engine runs its workers as Ray actors in the placement group (`rollout.executor`)."""
+        return self.cluster.tp_size > 1 or self.rollout.executor == "ray"
 
     # --- derived paths -------------------------------------------------------------------
     def tb_dir(self) -> Path:

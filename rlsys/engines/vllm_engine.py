@@ -137,7 +137,12 @@ class VLLMEngine(Engine):
         enable_prefix_caching: bool = True,
         eos_token_ids: Iterable[int] | None = None,
         kv_cache_bytes: int | None = None,
+        tensor_parallel_size: int = 1,
+        ray_executor: bool = False,
     ) -> None:
+        """``ray_executor``: vLLM's workers as Ray actors (`distributed_executor_backend="ray"`), in the placement
+        group of the Ray actor building this engine, on the bundles of `VLLM_RAY_BUNDLE_INDICES` with
+        `VLLM_RAY_PER_WORKER_GPUS` of each (jobs/placement.py sets both in the actor's environment)."""
         from transformers import AutoConfig  # noqa: PLC0415
         from vllm import AsyncEngineArgs  # noqa: PLC0415
 
@@ -160,6 +165,8 @@ class VLLMEngine(Engine):
             logprobs_mode="raw_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="ray" if ray_executor else None,
         )
         llm = AsyncLLM.from_engine_args(args)
         self._attach(
@@ -287,6 +294,12 @@ class VLLMEngine(Engine):
         if counts[0] > 0 and not missing:
             self._weights_dropped = False
         return counts[0]
+
+    async def worker_devices(self) -> list[dict[str, Any]]:
+        """Where each vLLM worker's weights live, in worker order: {"gpu_uuid", "node_id"} (the driver matches
+        them with the learner ranks' to choose the weight transport)."""
+        self._check_open()
+        return list(await self.llm.collective_rpc("rlsys_device"))
 
     async def fetch_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """CPU copies of the engine's parameters under vLLM's names (q/k/v fused as qkv_proj, gate/up as

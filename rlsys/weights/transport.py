@@ -130,6 +130,28 @@ class CudaIpcTransport:
         yield from self._receiver.views(payload, torch.cuda.current_device())
 
 
+def gpu_uuid(device: torch.device | int) -> str:
+    """The physical identity of a CUDA device: the same string in every process that sees it, whatever its
+    local index there (a learner sees its one GPU as cuda:0, a vLLM Ray worker sees them all)."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+@dataclass
+class PerGpuPayload:
+    """One push to a tensor-parallel engine: each worker takes the CUDA IPC payload of the learner rank on its
+    own GPU (`by_gpu`: GPU uuid -> list of `IpcBucket`), since a handle opens only on the device it came from.
+    Every payload holds the whole model; vLLM's `load_weights` keeps each worker's shard."""
+
+    by_gpu: dict[str, list[IpcBucket]]
+
+    def for_gpu(self, uuid: str) -> list[IpcBucket]:
+        payload = self.by_gpu.get(uuid)
+        if payload is None:
+            raise RuntimeError(f"cuda_ipc: no learner rank sent weights for GPU {uuid} (sent for "
+                               f"{sorted(self.by_gpu)}): each engine worker needs a learner rank on its GPU")
+        return payload
+
+
 class IpcBufferCache:
     """Receiver side of `cuda_ipc`: opened buffers kept across pushes, keyed by their handle.
 

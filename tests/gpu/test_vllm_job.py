@@ -2,6 +2,8 @@
 
 Three steps through `jobs.train.run_training`, as `rlsys train` runs them: every step sleeps the engine, trains,
 pushes by CUDA IPC (count checked), wakes it and runs the canary, which raises if the push went wrong.
+`ray`: the same with vLLM's Ray executor (`rollout.executor = "ray"`: the worker is a Ray actor in the job's
+placement group, beside the learner, fed a `PerGpuPayload`), the tensor-parallel path at tp_size 1.
 """
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ def ray_gpu():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("drop_rollout_state", [False, True], ids=["sleep1", "sleep2"])
-def test_three_tictactoe_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_path, drop_rollout_state):
+@pytest.mark.parametrize("drop_rollout_state, executor", [(False, "auto"), (True, "auto"), (False, "ray")],
+                         ids=["sleep1", "sleep2", "ray"])
+def test_three_tictactoe_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_path, drop_rollout_state, executor,
+                                                    capfd):
     from jobs.placement import BF16_CANARY_TOL
     from jobs.train import run_training
     from rlsys.config import load_config
@@ -41,12 +45,14 @@ def test_three_tictactoe_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_
         flags["--drop-rollout-state"] = True
     cfg = load_config(flags=flags, overrides=[
         "logging.progress=false", "data.num_items=64", "rollout.enforce_eager=true",
-        "rollout.gpu_memory_budget_gib=6.0", "rollout.max_model_len=1024"])
+        "rollout.gpu_memory_budget_gib=6.0", "rollout.max_model_len=1024", f"rollout.executor={executor}"])
     run_dir = run_training(cfg)
+    if executor == "ray":  # the driver's transport line names the Ray worker fed by the rank on its GPU
+        assert "learner-0 -> rollout-0: cuda_ipc (1 vLLM Ray worker(s), each on a learner rank's GPU)" in capfd.readouterr().out
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
-    tag = "sleep2" if drop_rollout_state else "sleep1"
+    tag = "ray" if executor == "ray" else "sleep2" if drop_rollout_state else "sleep1"
     for r in rows:
         assert r["sync/tensors"] > 0
         assert r["sync/canary_logp_diff"] <= BF16_CANARY_TOL

@@ -133,3 +133,88 @@ def test_explicit_transports_are_kept_and_cuda_ipc_across_gpus_is_refused():
         choose_transport("collective", _where("n1", ["0"], True), _where("n1", ["0"], True))
     with pytest.raises(UserInputError, match="different nodes"):
         choose_transport("cuda_ipc", _where("n1", ["0"], True), _where("n2", ["0"], True))
+
+
+# ------------------------------------------------------------------ tensor-parallel engines (vLLM's Ray executor)
+def _rank(node: str, uuid: str | None) -> dict:
+    return {"node_id": node, "gpu_ids": ["0"], "on_gpu": uuid is not None, "gpu_uuid": uuid}
+
+
+def _vllm_engine(workers: list[tuple[str, str]], ray_executor: bool = True) -> dict:
+    return {"node_id": workers[0][0], "gpu_ids": [], "on_gpu": True, "ray_executor": ray_executor,
+            "workers": [{"node_id": n, "gpu_uuid": u} for n, u in workers]}
+
+
+def test_engine_bundles_give_each_engine_its_consecutive_gpus():
+    from jobs.placement import engine_bundles
+
+    assert engine_bundles(4, 2) == [[0, 1], [2, 3]]
+    assert engine_bundles(2, 1) == [[0], [1]]
+    assert engine_bundles(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_tensor_parallel_engine_gets_each_worker_the_rank_on_its_gpu():
+    from jobs.placement import choose_engine_transport
+
+    feeders = {2: _rank("n1", "GPU-b"), 3: _rank("n1", "GPU-c")}
+    # workers listed in another order than the ranks: matched by GPU, not by position
+    transport, why, per_gpu = choose_engine_transport("auto", feeders, _vllm_engine([("n1", "GPU-c"), ("n1", "GPU-b")]))
+    assert transport == "cuda_ipc" and per_gpu == [(3, "GPU-c"), (2, "GPU-b")] and "2 vLLM Ray worker" in why
+    # one Ray worker (the tensor-parallel path at tp_size 1) takes the same route
+    assert choose_engine_transport("auto", {0: _rank("n1", "GPU-a")}, _vllm_engine([("n1", "GPU-a")]))[2] == [(0, "GPU-a")]
+
+
+def test_a_tensor_parallel_engine_off_its_ranks_gpus_falls_back_to_the_object_store_or_is_refused():
+    from jobs.placement import choose_engine_transport
+    from rlsys.errors import UserInputError
+
+    feeders = {0: _rank("n1", "GPU-a"), 1: _rank("n1", "GPU-b")}
+    elsewhere = _vllm_engine([("n1", "GPU-a"), ("n2", "GPU-b")])  # the second worker on another node
+    assert choose_engine_transport("auto", feeders, elsewhere)[::2] == ("object_store", None)
+    for requested in ("cuda_ipc", "collective"):
+        with pytest.raises(UserInputError, match="tensor-parallel"):
+            choose_engine_transport(requested, feeders, elsewhere)
+    # a one-worker engine elsewhere: the pairwise choice (NCCL between GPUs)
+    transport, _, per_gpu = choose_engine_transport("auto", {0: _rank("n1", "GPU-a")}, _vllm_engine([("n1", "GPU-z")]))
+    assert (transport, per_gpu) == ("collective", None)
+
+
+def test_an_engine_in_its_own_process_decides_by_gpu_uuid_and_cpu_engines_as_before():
+    from jobs.placement import choose_engine_transport
+
+    # vLLM with its worker in the engine process: the same physical GPU though Ray ids would differ
+    engine = _vllm_engine([("n1", "GPU-a")], ray_executor=False)
+    learner = {**_rank("n1", "GPU-a"), "gpu_ids": ["3"]}
+    assert choose_engine_transport("auto", {0: learner}, engine) == (
+        "cuda_ipc", "the same GPU", None)
+    assert choose_engine_transport("auto", {0: _rank("n1", "GPU-b")}, engine)[0] == "collective"
+    # the transformers engine reports no workers: Ray's GPU ids and on_gpu, as choose_transport always did
+    cpu = _where("n1", ["0"], False)
+    assert choose_engine_transport("auto", {0: cpu}, cpu)[0] == "object_store"
+
+
+def test_per_gpu_payload_hands_each_worker_its_gpus_handles_and_names_a_missing_one():
+    from rlsys.weights.transport import PerGpuPayload
+
+    payload = PerGpuPayload({"GPU-a": ["a0", "a1"], "GPU-b": ["b0"]})
+    assert payload.for_gpu("GPU-b") == ["b0"]
+    with pytest.raises(RuntimeError, match="GPU-c.*GPU-a"):
+        payload.for_gpu("GPU-c")
+
+
+def test_rollout_actor_options_put_vllm_ray_workers_on_the_engine_bundles():
+    from jobs.placement import ROLLOUT_GPU_SHARE, rollout_placement
+    from rlsys.config import load_config
+
+    pg = object()  # only carried into the scheduling strategy
+    tp = rollout_placement(load_config(overrides=["cluster.world_size=4", "cluster.tp_size=2"]), pg, [2, 3])
+    env = tp["runtime_env"]["env_vars"]
+    assert tp["num_gpus"] == 0 and env["VLLM_RAY_BUNDLE_INDICES"] == "2,3"
+    assert float(env["VLLM_RAY_PER_WORKER_GPUS"]) == ROLLOUT_GPU_SHARE
+    strategy = tp["scheduling_strategy"]
+    assert strategy.placement_group_bundle_index == 2 and strategy.placement_group_capture_child_tasks
+    one = rollout_placement(load_config(overrides=["cluster.world_size=2"]), pg, [1])
+    assert one["num_gpus"] == ROLLOUT_GPU_SHARE and "VLLM_RAY_BUNDLE_INDICES" not in one["runtime_env"]["env_vars"]
+    assert not one["scheduling_strategy"].placement_group_capture_child_tasks
+    ray_at_tp1 = rollout_placement(load_config(overrides=["rollout.executor=ray"]), pg, [0])
+    assert ray_at_tp1["runtime_env"]["env_vars"]["VLLM_RAY_BUNDLE_INDICES"] == "0"
