@@ -23,7 +23,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...   (STEPS="name ..." runs only those)
 } > "$out/summary.log" 2>&1
 step gpu-engine ${ENGINE_S:-200} python3 -m pytest -m gpu tests/gpu/test_vllm_engine.py -q -s -p no:cacheprovider
 step bench-sync ${BENCH_S:-230} python3 -m jobs.bench sync --model qwen0.5b-random tiny --out "$out/bench-sync.json"
-step gpu-job ${JOB_S:-150} python3 -m pytest -m gpu tests/gpu/test_vllm_job.py -q -s -p no:cacheprovider -k "${JOB_K:-sleep2}"
+step gpu-job ${JOB_S:-240} python3 -m pytest -m gpu tests/gpu/test_vllm_job.py -q -s -p no:cacheprovider -k "${JOB_K:-sleep2}"
 # --- performance (docs/performance.md); each step well under 4 minutes on an H200 ---
 BENCH=/tmp/rlsys-bench  # the random Qwen2.5-shaped models are built here once (python -m jobs.bench model)
 TTT="--config configs/tictactoe-tiny-cpu.toml"
@@ -34,7 +34,7 @@ step startup-eager ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model -
   python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager logging.progress=false \
   rollout.enforce_eager=true"
 # the step-time breakdown: 0.5B random, 64 episodes x 64 tokens per step, 8-bit Adam, 4 timed steps after 1 warm-up
-step bench-step ${BENCH_STEP_S:-280} python3 -m jobs.bench step $TTT --model qwen0.5b-random --cache $BENCH --steps 4 \
+step bench-step ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT --model qwen0.5b-random --cache $BENCH --steps 4 \
   --random-reward --run-dir /tmp/rlsys-bench-step --out "$out/bench-step.json" rollout.batch_size=8 rollout.n_samples=8 \
   rollout.max_new_tokens=64 learner.mini_bs=8 learner.adam_8bit=true rollout.max_model_len=512 \
   rollout.enforce_eager=${STEP_EAGER:-true} logging.tensorboard=false

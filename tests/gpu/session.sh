@@ -7,6 +7,7 @@
 # The queue: the Qwen 0.5B tic-tac-toe runs of RUNS (NAME=key=value,key=value ...), and the whole-game run, at the same
 # time (each vLLM with a fixed KV cache: rollout.kv_cache_gib), the first alone until it sampled (its start-up
 # is the fresh machine's); then the benchmarks of docs/performance.md one after another, alone on the GPU.
+# RUNS=none: the benchmarks only (no Qwen bundle needed), e.g. RUNS=none BENCH="startup bench-step" ... start
 set -u
 source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
 S=/tmp/rlsys-session runs=/tmp/qwen-runs
@@ -26,7 +27,8 @@ queue() {
   export RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.04  # several local Rays: 30% of RAM each does not fit
   local common=(--ckpt "$gguf" ${FLAGS:-} rollout.kv_cache_gib=${KV_GIB:-3} eval.every=100 ${EXTRA:-})  # flags, then dotted
   local first=1 spec name ov
-  for spec in ${RUNS:-lr1e-5=learner.lr=1e-5}; do  # NAME=dotted.key=value,dotted.key=value
+  [ "${RUNS:-}" = none ] && RUNS=  # benchmarks only
+  for spec in ${RUNS-lr1e-5=learner.lr=1e-5}; do  # NAME=dotted.key=value,dotted.key=value
     name=${spec%%=*} ov=${spec#*=}
     train "$name" --config configs/tictactoe-qwen0.5b.toml --max-steps "${STEPS:-400}" "${common[@]}" ${ov//,/ }
     if (( first )); then  # alone until its first step: start-up on a fresh machine, then the rest
@@ -63,7 +65,7 @@ case ${1:?start or wait} in
       python3 -c "import vllm, torch, ray, transformers, bitsandbytes; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__, 'bnb', bitsandbytes.__version__)"
     } >> "$S/queue.log" 2>&1
     log "converting $gguf"; echo "$*; RUNS=${RUNS:-} EXTRA=${EXTRA:-} GAME_STEPS=${GAME_STEPS:-} BENCH=${BENCH:-}" >> "$S/queue.log"
-    python3 -c "import sys, time; t=time.time(); from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1])); print(f'convert {time.time()-t:.1f} s')" "$gguf" >> "$S/queue.log" 2>&1
+    [ "${RUNS:-}" = none ] || python3 -c "import sys, time; t=time.time(); from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1])); print(f'convert {time.time()-t:.1f} s')" "$gguf" >> "$S/queue.log" 2>&1
     # the queue runs from a copy of this tree: later calls re-send the working tree, edits and all
     src=/tmp/rlsys-src; rm -rf "$src"; mkdir -p "$src"
     tar cf - --exclude=./.devcarry/parts --exclude=./.git . | tar xf - -C "$src"
