@@ -21,7 +21,8 @@ other row of the micro-batch has go through the plain forward, in the same micro
 Needs a cache whose keys are plain per-position tensors and a mask built from cache lengths (transformers 5.x
 `DynamicCache` with full-attention layers, checked against 5.24's `masking_utils`: the query offset is the cache
 length, so causality holds in cache-slot order whatever the position ids). Off (callers use the plain path) under
-gradient checkpointing, which drops the cache in training, and for models with sliding-window or linear layers.
+gradient checkpointing, which drops the cache in training, for models with sliding-window or linear layers, and
+for attention implementations other than sdpa and eager (tested on CPU only, sdpa).
 """
 from __future__ import annotations
 
@@ -99,6 +100,9 @@ def sharing_supported(model: torch.nn.Module) -> str | None:
     layer_types = getattr(model.config, "layer_types", None) or ["full_attention"]
     if any(t != "full_attention" for t in layer_types):
         return f"layer types {sorted(set(layer_types))}: only full-attention caches are shared"
+    attn = getattr(model.config, "_attn_implementation", None)
+    if attn not in ("sdpa", "eager"):  # flash/flex kernels unpad the 2-D mask their own way: not checked here
+        return f"attention implementation {attn!r}: prefix sharing is checked with sdpa and eager only"
     if _cache_kwarg(model) is None:
         return f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values`"
     return None
@@ -125,21 +129,19 @@ def shared_token_logprobs(
     """Per-token logprobs of a micro-batch, the groups' prefixes run once (see the module docstring).
 
     Equal to `plain_token_logprobs` wherever input_ids[b, t+1] comes after the row's shared prefix (every
-    loss-masked token); 0 on a shared row's prefix positions, which are never loss-masked, and on padding."""
+    loss-masked token); 0 on a shared row's prefix and padding positions, which are never loss-masked."""
     B, T = input_ids.shape
     device = input_ids.device
-    parts, order = [], []
+    order = groups.rest + [r for m in groups.members for r in m]
+    if sorted(order) != list(range(B)):
+        raise ValueError(f"shared_token_logprobs: groups cover rows {sorted(order)}, the batch has {B}")
+    parts = []
     if groups.rest:
         rest = torch.tensor(groups.rest, device=device)
         parts.append(plain_token_logprobs(model, input_ids[rest], attention_mask[rest]))  # (B_r, T-1)
-        order += groups.rest
     if groups.members:
-        rows = [r for m in groups.members for r in m]
         parts.append(_suffix_logprobs(model, input_ids, attention_mask, groups, T))  # (B_s, T-1)
-        order += rows
     logp = torch.cat(parts)  # (B, T-1) in `order`
-    if sorted(order) != list(range(B)):
-        raise ValueError(f"shared_token_logprobs: groups cover rows {sorted(order)}, the batch has {B}")
     inverse = torch.empty(B, dtype=torch.long, device=device)
     inverse[torch.tensor(order, device=device)] = torch.arange(B, device=device)
     return logp[inverse]
