@@ -53,6 +53,7 @@ import logging
 import math
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -93,6 +94,7 @@ logger = logging.getLogger(__name__)
 SESSION_HEADER = "X-Rlsys-Session"
 MAX_SESSION_ID_CHARS = 256
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
+RENDER_CACHE_SIZE = 1024  # conversations whose prompt ids the proxy keeps (a step's distinct prompts, and more)
 
 
 # ---- Errors -------------------------------------------------------------------------------------
@@ -206,15 +208,36 @@ async def _send_json(send: Any, status: int, body: dict, *, extra_headers: list 
 class _ChatCodec:
     """Chat template -> prompt ids, and completion ids -> text, for one tokenizer."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, cache_size: int = RENDER_CACHE_SIZE) -> None:
         self.tokenizer = tokenizer
         vocab = tokenizer.get_vocab()
         end_ids = {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
         eos = tokenizer.eos_token_id
         end_ids.update([eos] if isinstance(eos, int) else (eos or []))
         self.end_ids: frozenset[int] = frozenset(end_ids)
+        self._rendered: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # LRU: conversation -> prompt ids
+        self._cache_size = cache_size
+        self.cache_hits = 0
 
     def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """Prompt ids of a conversation. The n samples of a group send the same conversation n times, and the
+        template + tokenizer are most of the proxy's CPU time per request (the event loop it shares with the
+        engine's output handling), so renders are kept in a small LRU keyed by the conversation's JSON."""
+        if not self._cache_size:
+            return self._render(messages, tools)
+        key = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False, default=str)
+        hit = self._rendered.get(key)
+        if hit is not None:
+            self._rendered.move_to_end(key)
+            self.cache_hits += 1
+            return list(hit)
+        ids = self._render(messages, tools)
+        self._rendered[key] = tuple(ids)
+        if len(self._rendered) > self._cache_size:
+            self._rendered.popitem(last=False)
+        return ids
+
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         try:
             out = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -263,6 +286,7 @@ def create_app(
     max_tokens_cap: int = 4096,
     max_model_len: int | None = None,
     seed_for_session: Callable[[str, int], int] | None = None,
+    render_cache_size: int = RENDER_CACHE_SIZE,
 ) -> FastAPI:
     """The proxy's ASGI app. ``max_model_len`` (prompt + completion) defaults to the engine's
     ``max_model_len`` attribute when it has one, else to ``tokenizer.model_max_length`` when that is
@@ -280,7 +304,7 @@ def create_app(
         max_model_len = getattr(engine, "max_model_len", None)
     if max_model_len is None and getattr(tokenizer, "model_max_length", 10**30) < 10**9:
         max_model_len = int(tokenizer.model_max_length)
-    codec = _ChatCodec(tokenizer)
+    codec = _ChatCodec(tokenizer, render_cache_size)
     # a callable is read per request: the rollout actor switches to greedy for evaluation and back
     current_defaults = sampling_defaults if callable(sampling_defaults) else (lambda: sampling_defaults)
     stop_ids = tuple(sorted(set(current_defaults().stop_token_ids) | codec.end_ids))
@@ -486,9 +510,11 @@ class ProxyServer:
     and waits for the task. Also an async context manager.
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, http: str = "auto",
                  startup_timeout_s: float = 30.0, shutdown_timeout_s: int = 5) -> None:
+        """``http``: uvicorn's HTTP implementation; `auto` = httptools (a dependency; h11 if it is missing)."""
         self.app = app
+        self.http = http
         self.host = host
         self.port: int | None = None if port == 0 else port
         self._requested_port = port
@@ -508,7 +534,7 @@ class ProxyServer:
         if self._task is not None:
             raise RuntimeError("ProxyServer.start: already started")
         config = uvicorn.Config(
-            self.app, host=self.host, port=self._requested_port, http="h11", lifespan="off",
+            self.app, host=self.host, port=self._requested_port, http=self.http, lifespan="off",
             log_config=None,  # keep the host process's logging configuration (no dictConfig)
             access_log=False, proxy_headers=False, server_header=False,
             timeout_graceful_shutdown=self.shutdown_timeout_s,

@@ -617,3 +617,33 @@ def test_real_tiny_model_through_transformers_engine(model_dir, tokenizer):
     sampled = [t for seg in record.segments for t, m in zip(seg.input_ids, seg.loss_mask) if m]
     assert sampled == rlsys_ext(resps[1])["completion_ids"] + rlsys_ext(second)["completion_ids"]
     assert record.segments[-1].input_ids == rlsys_ext(second)["prompt_ids"] + rlsys_ext(second)["completion_ids"]
+
+
+def test_the_codec_renders_a_repeated_conversation_once_and_hands_out_copies(tokenizer):
+    from rlsys.proxy.server import _ChatCodec
+
+    calls = []
+    real = tokenizer.apply_chat_template
+
+    class Counting:  # the tokenizer, counting its template renders
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def apply_chat_template(self, *args, **kwargs):
+            calls.append(args[0])
+            return real(*args, **kwargs)
+
+    codec = _ChatCodec(Counting(), cache_size=2)
+    board = [{"role": "user", "content": "X|2|3\n4|5|6\n7|8|9"}]
+    tools = [{"type": "function", "function": {"name": "choose_square", "parameters": {"type": "object"}}}]
+    first = codec.render(board, tools)
+    assert first == codec._render(board, tools) and len(calls) == 2  # (the second: the check's own render)
+    first.append(-1)  # a caller's list is its own
+    assert codec.render(board, tools)[-1] != -1 and codec.cache_hits == 1 and len(calls) == 2
+    assert codec.render(board, None) != codec.render(board, tools)  # tools are part of the key
+    other = [{"role": "user", "content": "X|O|3\n4|5|6\n7|8|9"}]
+    codec.render(other, tools)  # a third conversation evicts the least recently used (board without tools)
+    n = len(calls)
+    codec.render(board, tools)
+    codec.render(board, None)
+    assert len(calls) == n + 1, "the evicted conversation is rendered again, the recent one is not"
