@@ -186,14 +186,16 @@ class RolloutWorker:
         return self.recorder.pop(session_id)
 
     async def sleep(self, level: int) -> dict[str, float]:
-        """Sleep the engine; returns what it did since the last sleep (generation seconds, tokens) and, on a
-        GPU, the device's memory in use right before (the rollout phase's footprint) and after sleeping."""
+        """Sleep the engine (level 0: stay awake, `rollout.keep_awake`); returns what it did since the last
+        sleep (generation seconds, tokens) and, on a GPU, the device's memory in use right before (the rollout
+        phase's footprint) and after sleeping."""
         from rlsys.memory import GIB, device_used_bytes_nvml
 
         stats = self.clock.pop_counters()
         gpu = self._engine_kind == "vllm"
         before = device_used_bytes_nvml() if gpu else None
-        await self.engine.sleep(level)
+        if level:
+            await self.engine.sleep(level)
         after = device_used_bytes_nvml() if gpu else None
         if before is not None and after is not None:
             stats.update({"mem/rollout_device_used_gib": before / GIB, "mem/asleep_device_used_gib": after / GIB})

@@ -43,7 +43,7 @@ def run_training(cfg: Config) -> Path:
             with timer("rollout"):
                 traj_refs, summaries = job.rollout(items, step)
             with timer("sleep"):
-                engine_stats = job.engines.sleep(level=2 if cfg.rollout.drop_rollout_state else 1)
+                engine_stats = job.engines.sleep(level=cfg.sleep_level())
             with timer("train"):
                 stats = job.train(traj_refs, summaries)
             with timer("sync"):

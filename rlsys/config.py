@@ -78,6 +78,11 @@ class RolloutConfig(_Section):
     drop_rollout_state: bool = False
     """After rollout, sleep the engine at level 2 (drop weights and KV cache; the push restores them)
     instead of level 1 (offload weights, drop KV cache)."""
+    keep_awake: bool = False
+    """Skip the engine's sleep between rollout and training (and the wake after the push): vLLM keeps its weights
+    and KV cache while the learner trains, and the push writes into the awake weights. Saves the sleep and the
+    wake (0.10 s of a 2.8 s step of a 0.5B model on an H200); only where vLLM's share and the learner's peak fit
+    side by side, as they do under `gpu_memory_budget_gib` (which caps both)."""
     enforce_eager: bool = False
     """vLLM: no CUDA graphs / torch.compile (fast start, slower steady state)."""
     executor: Literal["auto", "ray"] = "auto"
@@ -276,6 +281,9 @@ class Config(_Section):
                 f"learner.mini_bs: {self.learner.mini_bs} does not divide a minibatch of {per_minibatch} "
                 f"trajectories (rollout.batch_size x rollout.n_samples / algo.n_minibatches; SFT: n_samples=1)"
             )
+        if r.keep_awake and r.drop_rollout_state:
+            raise ValueError("rollout.keep_awake: the engine never sleeps, so rollout.drop_rollout_state (sleep "
+                             "level 2) cannot apply; set one of them")
         if c.world_size % c.tp_size:
             raise ValueError(f"cluster.tp_size: {c.tp_size} does not divide cluster.world_size {c.world_size}")
         if r.max_new_tokens >= r.max_model_len:
@@ -286,6 +294,11 @@ class Config(_Section):
         if self.checkpoint.resume not in ("never", "auto") and not self.checkpoint.resume:
             raise ValueError("checkpoint.resume: empty; use never, auto or a checkpoint path")
         return self
+
+    def sleep_level(self) -> int:
+        """The engines' sleep level between rollout and training: 0 (`rollout.keep_awake`), 2
+        (`rollout.drop_rollout_state`) or 1."""
+        return 0 if self.rollout.keep_awake else 2 if self.rollout.drop_rollout_state else 1
 
     def vllm_ray_executor(self) -> bool:
         """Whether a vLLM engine runs its workers as Ray actors in the placement group (`rollout.executor`)."""
@@ -318,6 +331,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--lr": ("learner.lr", float),
     "--adam-8bit": ("learner.adam_8bit", bool),
     "--drop-rollout-state": ("rollout.drop_rollout_state", bool),
+    "--keep-awake": ("rollout.keep_awake", bool),
     "--save-path": ("checkpoint.save_path", str),
     "--save-interval": ("checkpoint.save_interval", int),
     "--metrics-log-dir": ("logging.metrics_log_dir", str),

@@ -79,12 +79,21 @@ def test_every_areno_flag_parses():
         ({"overrides": ["rollout.max_new_tokens=4096"]}, "rollout.max_new_tokens: 4096 leaves no room"),
         ({"overrides": ["learner.lr"]}, "expected KEY=VALUE"),
         ({"overrides": ["learner=3", "learner.lr=1"]}, "learner: is a value"),
+        ({"flags": {"--keep-awake": True, "--drop-rollout-state": True}}, "rollout.keep_awake: the engine never sleeps"),
     ],
 )
 def test_errors_name_the_field(kwargs, expected):
     with pytest.raises(ConfigError) as err:
         load_config(**kwargs)
     assert expected in str(err.value)
+
+
+def test_sleep_level_and_executor_follow_the_rollout_settings():
+    assert load_config().sleep_level() == 1 and not load_config().vllm_ray_executor()
+    assert load_config(flags={"--drop-rollout-state": True}).sleep_level() == 2
+    assert load_config(flags={"--keep-awake": True}).sleep_level() == 0
+    assert load_config(flags={"--world-size": "2", "--tp-size": "2"}).vllm_ray_executor()
+    assert load_config(overrides=["rollout.executor=ray"]).vllm_ray_executor()
 
 
 def test_file_errors_name_the_file(tmp_path):
