@@ -12,6 +12,12 @@ into the rollout actor's engine (`RolloutWorker.bench_generate`) and (b) through
 -> openai client -> proxy -> engine -> tool-call parser), on the same engine in one run; tokens/s of both and
 the ratio b/a. The engine follows `rollout.engine` (auto: vLLM on a GPU, transformers on CPU).
 
+`proxy-cpu`: the proxy's own CPU cost per request, with nothing else in its process: the real app and uvicorn
+with an engine that answers at once (`--new-tokens` random ids), called by the tic-tac-toe agent with the openai
+client from this process (`--requests` at once, `--boards` distinct boards, i.e. requests/boards samples of each);
+the server process's CPU seconds per request (`time.process_time`). `--http h11` and `--render-cache 0` measure
+the proxy without httptools and without its render cache. CPU only, no Ray.
+
 `sync`: the weight push learner -> vLLM on one GPU, without Ray in between (the learner side runs in this
 process, vLLM's engine core in its own, so the CUDA IPC crosses processes as in a job). Per push:
 - pack: the learner's parameters copied into the reusable bucket buffers (`FusedPack`, as the learner does);
@@ -479,6 +485,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--cache", default="/tmp/rlsys-bench", help="where named models are built")
         p.add_argument("--out", help="write the results as JSON here")
         p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
+    cost = sub.add_parser("proxy-cpu", help="the proxy's CPU seconds per request, with an instant engine")
+    cost.add_argument("--requests", type=int, default=128, help="requests at once per round")
+    cost.add_argument("--boards", type=int, default=16, help="distinct boards among them")
+    cost.add_argument("--rounds", type=int, default=5)
+    cost.add_argument("--new-tokens", type=int, default=128, help="ids in each instant answer")
+    cost.add_argument("--http", default="auto", help="uvicorn's HTTP implementation: auto (httptools) or h11")
+    cost.add_argument("--render-cache", type=int, default=None, help="proxy render cache size (0: off)")
+    cost.add_argument("--out", help="write the results as JSON here")
     sync = sub.add_parser("sync", help="weight push learner -> vLLM (CUDA IPC), sleep/wake")
     sync.add_argument("--model", nargs="+", default=["tiny"], help=f"{models} (several: one after the other)")
     sync.add_argument("--pushes", type=int, default=20, help="timed pushes after the first")
@@ -495,6 +509,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "model":
         print(model_folder(args.model, Path(args.cache)))
+        return 0
+    if args.command == "proxy-cpu":
+        result = bench_proxy_cpu(args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2))
+        print(f"proxy CPU per request ({result['http']}, render cache {result['render_cache']}): "
+              f"{result['cpu_ms_per_request']:.2f} ms median over {args.rounds} rounds of {args.requests} requests "
+              f"({args.boards} boards); rounds {[round(r['wall_s'], 3) for r in result['rounds']]} s wall")
         return 0
     if args.command in ("step", "proxy"):
         from rlsys.errors import UserInputError
@@ -523,6 +545,92 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:  # after each model, so a timeout still leaves what was measured
             Path(args.out).write_text(json.dumps(results, indent=2, default=str))
     return 1 if failed else 0
+
+
+def _proxy_cpu_server(conn: Any, http: str, cache: int | None, new_tokens: int) -> None:
+    """`proxy-cpu`'s server process: the proxy app over an instant engine; answers each round's CPU seconds."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+    from rlsys.models.resolve import resolve_model
+    from rlsys.proxy.server import RENDER_CACHE_SIZE, ProxyServer, create_app
+    from rlsys.proxy.sessions import SessionRecorder
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("rlsys:tiny"))
+    rng, vocab = random.Random(0), len(tokenizer)
+
+    class Instant(Engine):
+        max_model_len = 1024
+
+        async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
+            ids = [rng.randrange(100, vocab - 16) for _ in range(new_tokens)]
+            return GenerateOutput(ids, [-1.0] * len(ids), "length")
+
+        async def score(self, prompt_ids, continuation_ids):
+            raise NotImplementedError
+
+        def load_weights(self, named_tensors):
+            raise NotImplementedError
+
+    app = create_app(Instant(), tokenizer, api_token="bench", model_name="m", recorder=SessionRecorder(),
+                     sampling_defaults=SamplingParams(max_new_tokens=new_tokens), max_tokens_cap=new_tokens,
+                     render_cache_size=RENDER_CACHE_SIZE if cache is None else cache)
+
+    async def serve() -> None:
+        server = ProxyServer(app, http=http)
+        conn.send(await server.start())
+        loop = asyncio.get_running_loop()
+        while (msg := await loop.run_in_executor(None, conn.recv)) != "stop":  # "tick": CPU seconds so far
+            conn.send(time.process_time())
+        await server.stop()
+
+    asyncio.run(serve())
+
+
+def bench_proxy_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    import multiprocessing as mp
+
+    import httpx
+    import openai
+
+    from rlsys.envs.tictactoe.agent import agent
+    from rlsys.envs.tictactoe.dataset import make_dataset
+
+    ours, theirs = mp.Pipe()
+    server = mp.get_context("spawn").Process(target=_proxy_cpu_server, daemon=True,
+                                             args=(theirs, args.http, args.render_cache, args.new_tokens))
+    server.start()
+    url = ours.recv()
+    items = make_dataset(args.boards, seed=0)
+
+    async def rounds() -> list[dict[str, float]]:
+        limits = httpx.Limits(max_connections=args.requests, max_keepalive_connections=args.requests)
+        client = openai.AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=120,
+                                    http_client=httpx.AsyncClient(limits=limits))
+        out = []
+        for r in range(args.rounds + 1):  # the first warms the connections up, not timed
+            ours.send("tick")
+            cpu0, t0 = ours.recv(), time.perf_counter()
+            await asyncio.gather(*[agent(items[i % len(items)], client, "m") for i in range(args.requests)])
+            wall = time.perf_counter() - t0
+            ours.send("tick")
+            if r:
+                out.append({"wall_s": wall, "cpu_s": ours.recv() - cpu0})
+            else:
+                ours.recv()
+        return out
+
+    try:
+        timed = asyncio.run(rounds())
+    finally:
+        ours.send("stop")
+        server.join(30)
+    per_request = statistics.median(r["cpu_s"] for r in timed) / args.requests
+    return {"http": args.http, "render_cache": "default" if args.render_cache is None else args.render_cache,
+            "requests": args.requests, "boards": args.boards, "new_tokens": args.new_tokens,
+            "cpu_ms_per_request": per_request * 1e3, "rounds": timed}
 
 
 if __name__ == "__main__":  # vLLM spawns its engine core: the guard keeps the child from re-running main

@@ -1,5 +1,6 @@
-"""`python -m jobs.bench step` and `proxy` on CPU: the real job (tiny model, transformers engine) for two steps,
-and the direct-engine vs agent-path comparison; the JSON has every key docs/performance.md reads."""
+"""`python -m jobs.bench step`, `proxy` and `proxy-cpu` on CPU: the real job (tiny model, transformers engine) for two
+steps (the first with the engine awake between phases: `rollout.keep_awake`), the direct-engine vs agent-path
+comparison, and the proxy's CPU per request; the JSON has every key docs/performance.md reads."""
 from __future__ import annotations
 
 import json
@@ -16,12 +17,14 @@ def _flags_as_overrides() -> list[str]:
             "data.num_items=16", "logging.tensorboard=false"]
 
 
-def test_bench_step_reports_the_breakdown_of_two_steps(ray_local, tmp_path, capsys):
+@pytest.mark.parametrize("awake", [False, True], ids=["sleep", "keep-awake"])
+def test_bench_step_reports_the_breakdown_of_two_steps(ray_local, tmp_path, capsys, awake):
     from jobs.bench import main
 
     out = tmp_path / "step.json"
     rc = main(["step", "--config", "configs/tictactoe-tiny-cpu.toml", "--steps", "1", "--warmup", "1",
-               "--random-reward", "--run-dir", str(tmp_path / "run"), "--out", str(out), *_flags_as_overrides()])
+               "--random-reward", "--run-dir", str(tmp_path / "run"), "--out", str(out), *_flags_as_overrides(),
+               f"rollout.keep_awake={str(awake).lower()}"])  # awake: the engines' sleep(0) must not reach the engine
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["steps_timed"] == 1 and r["warmup"] == 1 and len(r["per_step"]) == 2
@@ -61,6 +64,18 @@ def test_bench_proxy_compares_direct_generation_with_the_agent_path(ray_local, t
     assert rnd["direct"]["tokens"] > 0 and rnd["agent"]["tokens"] > 0
     assert math.isclose(r["ratio"], r["agent_tps"] / r["direct_tps"], rel_tol=1e-9)
     assert "ratio" in capsys.readouterr().out
+
+
+def test_bench_proxy_cpu_measures_the_servers_cpu_per_request(tmp_path, capsys):
+    from jobs.bench import main
+
+    out = tmp_path / "cost.json"
+    assert main(["proxy-cpu", "--requests", "16", "--boards", "4", "--rounds", "2", "--new-tokens", "16",
+                 "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert len(r["rounds"]) == 2 and all(x["cpu_s"] > 0 and x["wall_s"] > 0 for x in r["rounds"])
+    assert r["cpu_ms_per_request"] > 0 and (r["http"], r["requests"], r["boards"]) == ("auto", 16, 4)
+    assert "proxy CPU per request (auto, render cache default)" in capsys.readouterr().out
 
 
 def test_random_reward_is_deterministic_and_spread():
