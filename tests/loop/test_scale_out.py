@@ -76,6 +76,49 @@ def test_world_size_two_places_trains_and_keeps_weights_equal(two_nodes, tmp_pat
         job.shutdown()
 
 
+@pytest.fixture
+def two_gpus_one_node(_ray_session):
+    ray = _ray_session
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=2, object_store_memory=200 << 20, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+def test_tensor_parallel_layout_one_engine_over_two_gpus_fed_by_both_ranks(two_gpus_one_node, tmp_path):
+    """tp_size 2 on 2 fake GPUs: one rollout actor that holds no GPU itself (vLLM's Ray workers would take the
+    bundles' shares), two learner ranks on the two GPUs; after a step both ranks and the engine hold the same
+    weights. On CPU the engine is the transformers one (no Ray workers), so rank 0 feeds it by the object store."""
+    ray = two_gpus_one_node
+    from jobs.cluster import Job
+    from rlsys.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="SPREAD.*one node"):
+        Job.start(job_config(tmp_path, "cluster.placement_strategy=SPREAD", world_size="2", tp_size="2"))
+    cfg = job_config(tmp_path, "model.dtype=float32", world_size="2", tp_size="2",
+                     agent_fn=str(PLUGINS / "recording_agent.py"), reward_fn_path=str(PLUGINS / "length_reward.py"))
+    job = Job.start(cfg)
+    try:
+        assert len(job.learners) == 2 and len(job.rollouts) == 1 and job.weights.sources == [0]
+        assert job.proxies[0]["gpu_ids"] == [] and job.proxies[0]["transport"] == "object_store"
+        gpus = [ray.get(rank.device_where.remote())["gpu_ids"] for rank in job.learners]
+        assert sorted(g for ids in gpus for g in ids) == ["0", "1"]
+        refs, summaries = job.rollout(job.data.next_batch(cfg.rollout.batch_size), 0)
+        job.engines.sleep(level=1)
+        assert job.train(refs, summaries)["train/optimizer_steps"] == 1
+        job.weights.push()
+        job.engines.wake()
+        job.weights.check_canary()
+        ranks = ray.get([rank.named_weights.remote() for rank in job.learners])
+        engine = ray.get(job.rollouts[0].named_weights.remote())
+        for name, tensor in ranks[0].items():
+            assert torch.equal(ranks[1][name], tensor) and torch.equal(engine[name], tensor), name
+    finally:
+        job.shutdown()
+
+
 def test_collective_transport_on_cpu_trains_keeps_weights_equal_and_fails_fast_on_a_broken_route(ray_local, tmp_path):
     ray = ray_local
     from jobs.cluster import Job
