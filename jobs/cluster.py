@@ -193,10 +193,10 @@ class WeightSync:
 
     Engine i is fed by learner rank `sources[i]`, the rank on its GPU (or node), by the transport the placement
     chose for that pair (`jobs.placement.choose_engine_transport`); all ranks hold the same weights, so any rank
-    is a correct source. An engine of vLLM Ray workers fed by CUDA IPC (`per_gpu[i]`) gets every worker's rank's
-    handles at once, and each worker opens those of its own GPU. `collective` routes (one group per source rank and the engines it feeds) are opened on the
-    first push: the bucket plan goes to the engines once, then each push is the learner's broadcasts and the
-    engines' receives, running at the same time."""
+    is a correct source. An engine of vLLM Ray workers fed by CUDA IPC (`per_gpu[i]`) gets the handles of every
+    worker's rank at once, and each worker opens those of its own GPU. `collective` routes (one group per source
+    rank and the engines it feeds) are opened on the first push: the bucket plan goes to the engines once, then
+    each push is the learner's broadcasts and the engines' receives, running at the same time."""
 
     learners: list[Any]
     engines: list[Any]

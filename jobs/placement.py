@@ -129,8 +129,8 @@ def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:
     if c.world_size > available:
         raise UserInputError(f"cluster.world_size={c.world_size} but the Ray cluster has {available} GPU(s)")
     if c.tp_size > 1 and c.placement_strategy == "SPREAD":
-        raise UserInputError(f"cluster.placement_strategy=SPREAD puts every bundle on another node, but a "
-                             f"tensor-parallel engine (tp_size {c.tp_size}) needs its GPUs on one node; use PACK or STRICT_PACK")
+        raise UserInputError(f"cluster.placement_strategy=SPREAD puts every bundle on another node, but a tensor-"
+                             f"parallel engine (tp_size {c.tp_size}) needs its GPUs on one node; use PACK or STRICT_PACK")
     pg = placement_group([{"GPU": 1, "CPU": c.cpus_per_bundle}] * c.world_size, strategy=c.placement_strategy,
                          name=f"rlsys-{secrets.token_hex(3)}")
     ray.get(pg.ready(), timeout=120)
@@ -211,6 +211,8 @@ def choose_engine_transport(requested: str, feeders: dict[int, dict[str, Any]],
             (r, w["gpu_uuid"]) for r, w in zip(matched, workers)]
     if len(workers) == 1:
         return (*choose_transport(requested, feeders[first], workers[0]), None)
+    if requested == "object_store":
+        return "object_store", f"{len(workers)} tensor-parallel workers, as configured", None
     if requested in ("cuda_ipc", "collective"):
         raise UserInputError(f"sync.transport={requested}: the {len(workers)} workers of a tensor-parallel engine are "
                              "not each on a learner rank's GPU (cuda_ipc), and NCCL routes to tensor-parallel "

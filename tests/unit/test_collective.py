@@ -171,6 +171,9 @@ def test_a_tensor_parallel_engine_off_its_ranks_gpus_falls_back_to_the_object_st
     feeders = {0: _rank("n1", "GPU-a"), 1: _rank("n1", "GPU-b")}
     elsewhere = _vllm_engine([("n1", "GPU-a"), ("n2", "GPU-b")])  # the second worker on another node
     assert choose_engine_transport("auto", feeders, elsewhere)[::2] == ("object_store", None)
+    on_their_gpus = _vllm_engine([("n1", "GPU-a"), ("n1", "GPU-b")])
+    assert choose_engine_transport("object_store", feeders, on_their_gpus) == (
+        "object_store", "2 tensor-parallel workers, as configured", None)
     for requested in ("cuda_ipc", "collective"):
         with pytest.raises(UserInputError, match="tensor-parallel"):
             choose_engine_transport(requested, feeders, elsewhere)
