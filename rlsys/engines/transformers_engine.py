@@ -1,10 +1,16 @@
 """A generation engine on plain transformers: the CPU path of rlsys (and a GPU fallback without vLLM).
 
 Concurrent ``generate``/``score`` calls are queued; one background asyncio task takes up to
-``max_batch_size`` of them (waiting at most ``batch_wait_s`` for company) and runs the batch in a
-single worker thread, so the event loop, which also serves the HTTP proxy, stays responsive while
-torch computes. Batched decoding left-pads the prompts (attention mask + per-row position ids), keeps
-a KV cache (``DynamicCache``) and drops rows from the batch as they finish.
+``max_batch_size`` of them and runs the batch in a single worker thread, so the event loop, which also
+serves the HTTP proxy, stays responsive while torch computes. A batch starts when it is full, or when
+``batch_wait_s`` has passed without a new request (at most ``batch_wait_max_s`` after its first one):
+the agents' requests of a rollout arrive over a few hundred ms on CPU, with gaps of tens of ms, and a
+batch that started on the first of them decoded alone while the rest queued behind it (two or three
+batches a step instead of one; docs/results-cpu.md). Batched decoding left-pads the prompts (attention
+mask + per-row position ids), keeps a KV cache (``DynamicCache``) and drops rows from the batch as they
+finish. Requests of a batch with the same prompt ids (the n samples of a group) prefill it once and
+copy its KV cache rows (``share_prefill``); each keeps its own generator, so its samples are the ones
+an unshared prefill gives (up to the numerics of the smaller prefill batch).
 
 Sampling is per request: temperature (0 = greedy), top-p, and a ``torch.Generator`` seeded from
 ``SamplingParams.seed`` (or from an engine-level generator seeded at construction). Each sampled
@@ -75,7 +81,9 @@ class TransformersEngine(Engine):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 16,
-        batch_wait_s: float = 0.005,
+        batch_wait_s: float = 0.05,
+        batch_wait_max_s: float = 0.5,
+        share_prefill: bool = True,
         eos_token_ids: int | Iterable[int] | None = None,
         seed: int = 0,
         attn_implementation: str | None = None,
@@ -85,8 +93,12 @@ class TransformersEngine(Engine):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
+        if batch_wait_max_s < batch_wait_s:
+            raise ValueError(f"batch_wait_max_s ({batch_wait_max_s}) must be >= batch_wait_s ({batch_wait_s})")
         self.max_batch_size = max_batch_size
-        self.batch_wait_s = batch_wait_s
+        self.batch_wait_s = batch_wait_s  # a batch starts after this long without a new request...
+        self.batch_wait_max_s = batch_wait_max_s  # ...or this long after its first request
+        self.share_prefill = share_prefill
         load_kwargs = {"dtype": dtype}
         if attn_implementation is not None:
             load_kwargs["attn_implementation"] = attn_implementation
@@ -265,8 +277,7 @@ class TransformersEngine(Engine):
         loop = asyncio.get_running_loop()
         while True:
             batch = [await queue.get()]
-            if queue.qsize() < self.max_batch_size - 1 and self.batch_wait_s > 0:
-                await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join this batch
+            await self._wait_for_company(queue)
             while len(batch) < self.max_batch_size and not queue.empty():
                 batch.append(queue.get_nowait())
             batch = [r for r in batch if not r.future.done()]  # callers that gave up
@@ -289,6 +300,21 @@ class TransformersEngine(Engine):
                     req.future.set_exception(res)
                 else:
                     req.future.set_result(res)
+
+    async def _wait_for_company(self, queue: asyncio.Queue) -> None:
+        """Return once the batch (one request already taken) is full, or no request came for
+        ``batch_wait_s``, or ``batch_wait_max_s`` passed."""
+        if self.batch_wait_s <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.batch_wait_max_s
+        seen = -1
+        while queue.qsize() < self.max_batch_size - 1 and queue.qsize() != seen:
+            seen = queue.qsize()
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(self.batch_wait_s, left))
 
     # ------------------------------------------------------------------ compute (worker thread side)
 
@@ -333,34 +359,31 @@ class TransformersEngine(Engine):
         return out.logits  # (B, T or logits_to_keep, V)
 
     def _generate_batch(self, reqs: list[_GenerateRequest]) -> list[GenerateOutput]:
-        from transformers import DynamicCache  # noqa: PLC0415
-
         n = len(reqs)
         stops = [set(self.eos_token_ids) | set(r.params.stop_token_ids) for r in reqs]
         tokens: list[list[int]] = [[] for _ in reqs]
         logprobs: list[list[float]] = [[] for _ in reqs]
         finish: list[str] = ["length"] * n
 
-        # ---- prefill
-        input_ids, attention_mask, position_ids = self._left_pad([r.prompt_ids for r in reqs])
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(input_ids, attention_mask, position_ids, cache, logits_to_keep=1)[:, -1]  # (b, V)
+        logits, cache, attention_mask = self._prefill([r.prompt_ids for r in reqs])  # (n, V), (n, L)
         active = list(range(n))  # request index of each batch row
         next_pos = torch.tensor([len(r.prompt_ids) for r in reqs], device=self.device)  # (b,)
 
         # ---- decode: sample, record, drop finished rows, feed the sampled tokens
         while True:
             raw = torch.log_softmax(logits.float(), dim=-1)  # (b, V) raw distribution, T = 1
-            sampled, keep = [], []
+            sampled_t = self._sample_rows(logits, [reqs[i].params for i in active], [reqs[i].generator for i in active])
+            sampled = sampled_t.tolist()
+            sampled_logprobs = raw.gather(1, sampled_t.unsqueeze(1)).squeeze(1).tolist()  # (b,)
+            keep = []
             for row, i in enumerate(active):
-                tok = self._sample(logits[row], reqs[i].params, reqs[i].generator)
+                tok = sampled[row]
                 tokens[i].append(tok)
-                logprobs[i].append(float(raw[row, tok]))
+                logprobs[i].append(sampled_logprobs[row])
                 if tok in stops[i]:
                     finish[i] = "stop"
                 elif len(tokens[i]) < reqs[i].params.max_new_tokens:
                     keep.append(row)
-                sampled.append(tok)
             if not keep:
                 break
             if len(keep) < len(active):
@@ -379,27 +402,66 @@ class TransformersEngine(Engine):
             GenerateOutput(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]) for i in range(n)
         ]
 
-    @staticmethod
-    def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-        """One token from ``logits`` (V,): greedy at temperature 0, else temperature + top-p.
+    def _prefill(self, prompts: list[list[int]]):
+        """Last-position logits (n, V), the KV cache and the (n, L) attention mask of ``prompts``.
 
-        Inverse-CDF sampling with one uniform from the request's own generator, so the stream of
-        uniforms depends only on the seed and the number of tokens sampled so far.
+        With ``share_prefill``, each distinct prompt runs once and its cache rows are copied to every
+        request that sent it: the n samples of a group cost one prompt's prefill, not n.
         """
-        if params.temperature == 0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float() / params.temperature, dim=-1)  # (V,)
-        ids = None
-        if params.top_p < 1.0:
-            probs, ids = probs.sort(descending=True)
-            mass_before = probs.cumsum(0) - probs
-            probs = probs * (mass_before < params.top_p)  # smallest prefix reaching top_p; first kept
-        cdf = probs.cumsum(0)  # (V,)
-        u = float(torch.rand((), generator=generator))
-        idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], device=cdf.device), right=True))
-        if idx >= cdf.numel() or probs[idx] <= 0:  # u * total rounded onto the top: last nonzero entry
-            idx = int(torch.nonzero(probs > 0)[-1])
-        return int(ids[idx]) if ids is not None else idx
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        if self.share_prefill:
+            first_of: dict[tuple[int, ...], int] = {}
+            row_of = [first_of.setdefault(tuple(p), len(first_of)) for p in prompts]  # (n,) distinct-prompt row
+            distinct = [list(p) for p in first_of]
+        else:
+            row_of, distinct = list(range(len(prompts))), prompts
+        input_ids, attention_mask, position_ids = self._left_pad(distinct)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(input_ids, attention_mask, position_ids, cache, logits_to_keep=1)[:, -1]  # (u, V)
+        if len(distinct) < len(prompts):
+            rows = torch.tensor(row_of, device=self.device)  # (n,)
+            cache.batch_select_indices(rows)  # copies the repeated rows: each request's cache is its own
+            logits, attention_mask = logits[rows], attention_mask[rows]
+        return logits, cache, attention_mask
+
+    @staticmethod
+    def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]):
+        """One token per row of ``logits`` (b, V) as a (b,) long tensor: greedy at temperature 0, else
+        temperature + top-p, each row with its own ``params`` and generator.
+
+        Inverse-CDF sampling with one uniform from the row's own generator, so the stream of uniforms
+        depends only on the seed and the number of tokens sampled so far. Rows that share (temperature,
+        top_p) are sampled together; the CDF is over the vocabulary in id order without top-p and in
+        descending probability with it.
+        """
+        out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # (b,)
+        by_setting: dict[tuple[float, float], list[int]] = {}
+        for row, p in enumerate(params):
+            by_setting.setdefault((p.temperature, p.top_p), []).append(row)
+        for (temperature, top_p), rows in by_setting.items():
+            idx_rows = torch.tensor(rows, device=logits.device)
+            sub = logits[idx_rows].float()  # (k, V)
+            if temperature == 0:
+                out[idx_rows] = sub.argmax(dim=-1)
+                continue
+            probs = torch.softmax(sub / temperature, dim=-1)  # (k, V)
+            ids = None
+            if top_p < 1.0:
+                probs, ids = probs.sort(dim=-1, descending=True, stable=True)
+                mass_before = probs.cumsum(-1) - probs
+                probs = probs * (mass_before < top_p)  # smallest prefix reaching top_p; first kept
+            cdf = probs.cumsum(-1)  # (k, V)
+            u = torch.stack([torch.rand((), generator=generators[r]) for r in rows])  # (k,) one uniform a row
+            target = (u.double() * cdf[:, -1].double()).float().unsqueeze(1)  # (k, 1)
+            idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # (k,)
+            vocab = cdf.shape[-1]
+            last_nonzero = ((probs > 0) * torch.arange(vocab, device=probs.device)).argmax(-1)  # (k,)
+            picked = probs.gather(1, idx.clamp(max=vocab - 1).unsqueeze(1)).squeeze(1)
+            # u * total rounded onto the top: the last nonzero entry
+            idx = torch.where((idx >= vocab) | (picked <= 0), last_nonzero, idx)
+            out[idx_rows] = ids.gather(1, idx.unsqueeze(1)).squeeze(1) if ids is not None else idx
+        return out
 
     def _score_batch(self, reqs: list[_ScoreRequest]) -> list[list[float]]:
         out: list[list[float]] = []

@@ -347,3 +347,120 @@ def test_make_engine_is_lazy(model_path):
         "assert 'vllm' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- shared prefill, the batched sampler and the batch wait
+
+GROUPS = [PROMPTS[0], PROMPTS[1], PROMPTS[4], PROMPTS[7]]  # 4 prompts x 4 samples, as a rollout sends them
+HOT = [SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=200 + i) for i in range(16)]
+
+
+def _prefill_rows(engine, monkeypatch) -> list[int]:
+    rows = []
+    real = engine._forward
+
+    def forward(input_ids, *args, **kwargs):
+        if input_ids.shape[1] > 1:
+            rows.append(input_ids.shape[0])
+        return real(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_forward", forward)
+    return rows
+
+
+async def _group_requests(engine, prompts, params):
+    return await asyncio.gather(*(engine.generate(prompts[i // 4], p) for i, p in enumerate(params)))
+
+
+def test_shared_prefill_gives_the_unshared_samples(model_path, monkeypatch):
+    shared = TransformersEngine(str(model_path), batch_wait_s=0.02)
+    plain = TransformersEngine(str(model_path), batch_wait_s=0.02, share_prefill=False)
+    shared_rows, plain_rows = _prefill_rows(shared, monkeypatch), _prefill_rows(plain, monkeypatch)
+    a = asyncio.run(_group_requests(shared, GROUPS, HOT))
+    b = asyncio.run(_group_requests(plain, GROUPS, HOT))
+    assert shared_rows == [4] and plain_rows == [16], "the shared engine must prefill each distinct prompt once"
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x.token_ids == y.token_ids, f"request {i}: shared prefill sampled other tokens"
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5), f"request {i}"
+        assert x.finish_reason == y.finish_reason
+    for g in range(4):  # the samples of a group are independent draws, not copies of one
+        assert len({tuple(o.token_ids) for o in a[4 * g : 4 * g + 4]}) > 1, f"group {g}: all samples equal"
+
+
+def test_shared_prefill_rows_stay_independent_as_rows_finish(engine, ref_model):
+    # greedy copies of one prompt with different lengths: the cache rows are copies, so dropping a
+    # finished row must not disturb the others, and each must match the uncached reference
+    params = [SamplingParams(max_new_tokens=n, temperature=0.0) for n in (3, 12, 7, 12)]
+
+    async def go():
+        return await asyncio.gather(*(engine.generate(PROMPTS[6], p) for p in params))
+
+    tokens, logprobs, _ = reference_greedy(ref_model, PROMPTS[6], 12)
+    for p, out in zip(params, asyncio.run(go())):
+        n = len(out.token_ids)
+        assert out.token_ids == tokens[:n] and n == min(p.max_new_tokens, len(tokens))
+        assert out.logprobs == pytest.approx(logprobs[:n], abs=1e-5)
+
+
+def test_batched_sampler_matches_one_row_at_a_time():
+    torch.manual_seed(1)
+    logits = torch.randn(6, 50) * 3  # (b, V)
+    logits[4, 7] = 30.0  # one row whose top-p mass is a single token
+    params = [SamplingParams(max_new_tokens=1, temperature=t, top_p=p, seed=0)
+              for t, p in ((1.0, 0.9), (1.0, 1.0), (0.0, 1.0), (1.3, 0.9), (1.0, 0.5), (1.0, 0.9))]
+    for draw in range(20):
+        gens = [torch.Generator().manual_seed(100 * draw + r) for r in range(6)]
+        together = TransformersEngine._sample_rows(logits, params, gens).tolist()
+        gens = [torch.Generator().manual_seed(100 * draw + r) for r in range(6)]
+        alone = [int(TransformersEngine._sample_rows(logits[r : r + 1], [params[r]], [gens[r]])) for r in range(6)]
+        assert together == alone, f"draw {draw}"
+        assert together[2] == int(logits[2].argmax()) and together[4] == 7
+    # each sampled row consumed exactly one uniform from its own generator, the greedy row none
+    gens = [torch.Generator().manual_seed(r) for r in range(6)]
+    TransformersEngine._sample_rows(logits, params, gens)
+    for r, g in enumerate(gens):
+        ref = torch.Generator().manual_seed(r)
+        if params[r].temperature > 0:
+            torch.rand((), generator=ref)
+        assert float(torch.rand((), generator=g)) == float(torch.rand((), generator=ref)), f"row {r}"
+
+
+def test_staggered_requests_share_one_batch_until_a_quiet_gap(model_path, monkeypatch):
+    engine = TransformersEngine(str(model_path), batch_wait_s=0.1, batch_wait_max_s=2.0)
+    sizes = []
+    real = engine._generate_batch
+    monkeypatch.setattr(engine, "_generate_batch", lambda reqs: sizes.append(len(reqs)) or real(reqs))
+
+    async def staggered(gap_s):
+        async def one(i):
+            await asyncio.sleep(i * gap_s)
+            return await engine.generate(PROMPTS[i], GREEDY)
+
+        return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+
+    asyncio.run(staggered(0.02))  # 8 requests over 0.14 s, gaps of 20 ms < the 100 ms quiet gap
+    assert sizes == [8], f"staggered requests were split into batches {sizes}"
+    sizes.clear()
+    asyncio.run(staggered(0.3))  # gaps longer than the quiet gap: each request goes alone
+    assert sizes == [1] * 8, sizes
+    asyncio.run(engine.shutdown())
+
+
+def test_batch_wait_is_capped(model_path, monkeypatch):
+    engine = TransformersEngine(str(model_path), batch_wait_s=0.1, batch_wait_max_s=0.15)
+    sizes = []
+    real = engine._generate_batch
+    monkeypatch.setattr(engine, "_generate_batch", lambda reqs: sizes.append(len(reqs)) or real(reqs))
+
+    async def trickle():
+        async def one(i):
+            await asyncio.sleep(i * 0.05)
+            return await engine.generate(PROMPTS[i], GREEDY)
+
+        return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+
+    asyncio.run(trickle())  # a new request every 50 ms for 0.35 s: never quiet for 100 ms
+    assert sizes[0] < 8 and sum(sizes) == 8, f"the first batch waited past batch_wait_max_s: {sizes}"
+    with pytest.raises(ValueError, match="batch_wait_max_s"):
+        TransformersEngine(str(model_path), batch_wait_s=0.2, batch_wait_max_s=0.1)
+    asyncio.run(engine.shutdown())
