@@ -48,7 +48,8 @@ async def main() -> None:
     reps = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 6
     cfg = load_config(path="configs/tictactoe-tiny-gspo.toml", overrides=[f"model.ckpt={ckpt!r}"])
     tok = AutoTokenizer.from_pretrained(ckpt)
-    engine = TransformersEngine(ckpt, max_batch_size=cfg.rollout.engine_max_batch, seed=0)
+    engine = TransformersEngine(ckpt, max_batch_size=cfg.rollout.engine_max_batch, seed=0,
+                                num_threads=cfg.rollout.engine_threads)
     print(f"threads {torch.get_num_threads()}, prompt {len(step_prompts(cfg, tok, 0)[0])} tokens", flush=True)
     await one_step(engine, cfg, step_prompts(cfg, tok, 99), 99)  # warm-up
     times, tokens = [], []

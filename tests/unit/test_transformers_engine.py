@@ -464,3 +464,38 @@ def test_batch_wait_is_capped(model_path, monkeypatch):
     with pytest.raises(ValueError, match="batch_wait_max_s"):
         TransformersEngine(str(model_path), batch_wait_s=0.2, batch_wait_max_s=0.1)
     asyncio.run(engine.shutdown())
+
+
+def test_growing_cache_keeps_what_dynamic_cache_keeps(model_path):
+    from transformers import AutoConfig, DynamicCache
+
+    from rlsys.engines.transformers_engine import _growing_cache
+
+    config = AutoConfig.from_pretrained(model_path)
+    grow, plain = _growing_cache(config, capacity=6), DynamicCache(config=config)
+    assert type(grow.layers[0]).__name__ == "GrowingLayer"
+    torch.manual_seed(0)
+
+    def step(length, rows):
+        k, v = torch.randn(rows, 2, length, 8), torch.randn(rows, 2, length, 8)  # (B, H, T, D)
+        return grow.update(k, v, 0), plain.update(k, v, 0)
+
+    step(4, 5)  # prefill of 4 positions, room for 6
+    step(1, 5)
+    rows = torch.tensor([0, 0, 4, 3, 1])  # repeated (shared prefill), reordered and dropped rows, same count
+    grow.batch_select_indices(rows)
+    plain.batch_select_indices(rows)
+    for _ in range(4):  # past the capacity: the buffer must grow
+        (gk, gv), (pk, pv) = step(1, 5)
+        assert torch.equal(gk, pk) and torch.equal(gv, pv)
+    assert grow.get_seq_length() == plain.get_seq_length() == 9
+
+
+def test_num_threads_applies_to_the_worker_thread(model_path):
+    before = torch.get_num_threads()
+    engine = TransformersEngine(str(model_path), num_threads=1)
+    assert engine._executor.submit(torch.get_num_threads).result() == 1
+    assert torch.get_num_threads() == before  # the caller's threads are left alone
+    assert one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0].token_ids
+    with pytest.raises(ValueError, match="num_threads"):
+        TransformersEngine(str(model_path), num_threads=0)
