@@ -55,7 +55,7 @@ def build_engine(cfg: Config, model_path: str):
                            max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True,
                            kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30),
                            tensor_parallel_size=cfg.cluster.tp_size, ray_executor=cfg.vllm_ray_executor())
-    return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed)
+    return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed, num_threads=r.engine_threads)
 
 
 def engine_memory_fraction(cfg: Config, model_path: str) -> float:

@@ -75,6 +75,11 @@ class RolloutConfig(_Section):
     """Longest prompt + completion the engine accepts."""
     engine_max_batch: int = Field(64, ge=1)
     """Most concurrent sequences the transformers engine batches together."""
+    engine_threads: int | None = Field(1, ge=1)
+    """Torch threads of the transformers engine's forward passes (None: the rollout actor's, every core on CPU).
+    1 because the tiny model's ops are too small to gain from a second thread (0.50 vs 0.52 s a 64-sample step
+    on an idle 2-core box), while the proxy and env workers run beside the engine and a thread of two that waits
+    for a core stalls the other at every op (1.3 s median, 0.5-2.5 s, vs 0.58 s under load; docs/results-cpu.md)."""
     drop_rollout_state: bool = False
     """After rollout, sleep the engine at level 2 (drop weights and KV cache; the push restores them)
     instead of level 1 (offload weights, drop KV cache)."""
