@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlsys.config import Config, add_config_args, config_from_args, dump_config
 from rlsys.errors import UserInputError
-from rlsys.metrics import MetricsLogger, Timer, console_line, rollout_metrics
+from rlsys.metrics import MetricsLogger, Timer, console_line, failure_lines, rollout_metrics
 
 
 def run_training(cfg: Config) -> Path:
@@ -58,6 +58,8 @@ def run_training(cfg: Config) -> Path:
             m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(m["time/rollout"], 1e-9)
             logger.log(step, m)
             print(console_line(step, cfg.max_steps, m), flush=True)
+            for line in failure_lines(summaries):
+                print(line, flush=True)
             if stop.requested:  # SIGTERM (`ray job stop`) or Ctrl-C: keep what was learned, then leave
                 job.checkpoint(step + 1, final=True)
                 print(f"rlsys: stopped by {stop.requested} after step {step + 1}; resume with --resume auto")

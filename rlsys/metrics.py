@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,17 @@ def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iter
     for label, count in sorted(counts.items()):
         out[f"error/{label}"] = count / n if n else 0.0
     return out
+
+
+def failure_lines(summaries: Sequence[TrajectorySummary], limit: int = 3) -> list[str]:
+    """The step's failed episodes, most common reason first (the metrics keep only their kind): what a person
+    watching the job needs to fix an agent, a reward or the proxy. Up to ``limit`` distinct reasons."""
+    reasons = Counter(s.fail_reason or "unknown" for s in summaries if s.failed)
+    lines = [f"  {count} failed: {reason}" for reason, count in reasons.most_common(limit)]
+    if len(reasons) > limit:
+        lines.append(f"  ... and {sum(reasons.values()) - sum(c for _, c in reasons.most_common(limit))} more "
+                     f"({len(reasons) - limit} other reasons)")
+    return lines
 
 
 class MetricsLogger:

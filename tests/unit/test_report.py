@@ -84,3 +84,18 @@ def test_not_a_run_directory_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\nnot json\n{"step": 1}\n')
     assert main([str(tmp_path), "--no-plots"]) == 2
     assert "metrics.jsonl:2: not JSON" in capsys.readouterr().err
+
+
+def test_failure_lines_name_the_most_common_reasons_of_a_step():
+    from rlsys.metrics import failure_lines
+    from rlsys.types import TrajectorySummary
+
+    def summary(reason: str | None) -> TrajectorySummary:
+        return TrajectorySummary(item_id="b", group=0, sample=0, reward=0.0, outcome="", failed=reason is not None,
+                                 fail_reason=reason or "", response_len=5, num_turns=1, segment_breaks=0)
+
+    reasons = ["agent_error: APIConnectionError"] * 3 + ["reward_timeout: 30 s"] * 2 + ["a", "b"]
+    lines = failure_lines([summary(r) for r in reasons] + [summary(None)] * 4, limit=2)
+    assert lines == ["  3 failed: agent_error: APIConnectionError", "  2 failed: reward_timeout: 30 s",
+                     "  ... and 2 more (2 other reasons)"]
+    assert failure_lines([summary(None)]) == []
