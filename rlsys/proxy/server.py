@@ -94,6 +94,10 @@ logger = logging.getLogger(__name__)
 SESSION_HEADER = "X-Rlsys-Session"
 MAX_SESSION_ID_CHARS = 256
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
+# An idle keep-alive connection stays open this long (uvicorn's default, 5 s, equals httpx's keep-alive expiry:
+# a client reusing a connection in the very second the server drops it gets "Server disconnected" mid-request,
+# which is what a learner phase of ~5 s between two rollouts produced). The client side expires first.
+KEEP_ALIVE_S = 600
 RENDER_CACHE_SIZE = 1024  # conversations whose prompt ids the proxy keeps (a step's distinct prompts, and more)
 
 
@@ -537,7 +541,7 @@ class ProxyServer:
             self.app, host=self.host, port=self._requested_port, http=self.http, lifespan="off",
             log_config=None,  # keep the host process's logging configuration (no dictConfig)
             access_log=False, proxy_headers=False, server_header=False,
-            timeout_graceful_shutdown=self.shutdown_timeout_s,
+            timeout_graceful_shutdown=self.shutdown_timeout_s, timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._server = _EmbeddedUvicorn(config)
         self._task = asyncio.create_task(self._serve(), name=f"rlsys-proxy-{self.host}")

@@ -128,6 +128,28 @@ def test_server_binds_loopback_free_port_and_stops(tokenizer):
     run(scenario)
 
 
+def test_an_idle_keep_alive_connection_outlives_the_clients_expiry(tokenizer):
+    """httpx drops an idle connection after 5 s; the server must not drop it first (uvicorn's default is 5 s too,
+    and a request sent on a connection the server is closing fails with "Server disconnected")."""
+    async def scenario():
+        server = ProxyServer(make_app(tokenizer, ScriptedEngine(tokenizer, ["hi"])))
+        url = await server.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        request = (f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").encode()
+        answers = []
+        for pause in (0.0, 6.0):  # one request, 6 s idle on the same connection, another
+            await asyncio.sleep(pause)
+            writer.write(request)
+            await writer.drain()
+            answers.append(await asyncio.wait_for(reader.read(4096), 10))
+        writer.close()
+        await server.stop()
+        return answers
+
+    first, second = run(scenario)
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200"), second
+
+
 def test_start_failure_raises_and_leaves_the_loop_running(tokenizer):
     async def scenario():
         with socket.socket() as taken:
