@@ -77,9 +77,10 @@ class RolloutConfig(_Section):
     """Most concurrent sequences the transformers engine batches together."""
     engine_threads: int | None = Field(1, ge=1)
     """Torch threads of the transformers engine's forward passes (None: the rollout actor's, every core on CPU).
-    1 because the tiny model's ops are too small to gain from a second thread (0.50 vs 0.52 s a 64-sample step
-    on an idle 2-core box), while the proxy and env workers run beside the engine and a thread of two that waits
-    for a core stalls the other at every op (1.3 s median, 0.5-2.5 s, vs 0.58 s under load; docs/results-cpu.md)."""
+    1 because on the shared 2-core box a second thread that waits for a core stalls the first at every op: one
+    64-sample recipe step took 1.31 s median (0.47-2.46) with 2 threads against 0.58 s (0.51-0.78) with 1 while
+    other jobs ran; inside the recipe job the two were equal within noise (rollout 1.11 vs 1.18 s at load ~6).
+    Not compared on an idle box, where 2 threads may be faster (docs/results-cpu.md)."""
     drop_rollout_state: bool = False
     """After rollout, sleep the engine at level 2 (drop weights and KV cache; the push restores them)
     instead of level 1 (offload weights, drop KV cache)."""
