@@ -2,10 +2,9 @@
 
 Sends the 64 generate calls of one step as the recipe's GSPO stage makes them (configs/tictactoe-tiny-gspo.toml:
 8 training boards x 8 samples, the real chat-templated prompts, T=1.3, top-p 0.9, 24 new tokens, a seed per
-sample) to a `TransformersEngine` at once, as the proxy does, and prints the seconds each step's batch took
-and the torch profiler's top operators for one step with `--profile`.
+sample) to a `TransformersEngine` at once, as the proxy does, and prints the seconds each step's batch took.
 
-    nice -n 19 .venv/bin/python scripts/rollout_bench.py CKPT [REPS] [--profile]
+    nice -n 19 .venv/bin/python scripts/rollout_bench.py CKPT [REPS]
 """
 import asyncio
 import random
@@ -45,7 +44,7 @@ async def one_step(engine, cfg, prompts, seed: int):
 
 async def main() -> None:
     ckpt = sys.argv[1]
-    reps = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 6
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 6
     cfg = load_config(path="configs/tictactoe-tiny-gspo.toml", overrides=[f"model.ckpt={ckpt!r}"])
     tok = AutoTokenizer.from_pretrained(ckpt)
     engine = TransformersEngine(ckpt, max_batch_size=cfg.rollout.engine_max_batch, seed=0,
@@ -59,10 +58,6 @@ async def main() -> None:
         tokens.append(sum(len(o.token_ids) for o in outs))
         print(f"step {rep}: {dt:.3f} s, {tokens[-1]} tokens", flush=True)
     print(f"median {statistics.median(times):.3f} s over {reps} steps", flush=True)
-    if "--profile" in sys.argv:
-        with torch.profiler.profile() as prof:
-            await one_step(engine, cfg, step_prompts(cfg, tok, 0), 0)
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     await engine.shutdown()
 
 
