@@ -116,7 +116,8 @@ def test_ray_job_stop_checkpoints_before_the_driver_exits(ray_head, tmp_path):
         time.sleep(1)
     stop = _ray(env, "job", "stop", "--address", address, job_id)
     assert stop.returncode == 0, stop.stdout + stop.stderr
-    status = _wait(address, env, job_id, ("stopped", "failed", "succeeded"))
+    # Ray 2.60 says "Job 'x' was stopped": without "was stopped" here the wait ran to its 300 s deadline
+    status = _wait(address, env, job_id, ("was stopped", "stopped", "failed", "succeeded"))
     logs = _ray(env, "job", "logs", "--address", address, job_id).stdout
     assert f"job '{job_id}' was stopped" in status or f"job '{job_id}' stopped" in status, status
     assert "stopped by SIGTERM" in logs, logs[-3000:]
