@@ -106,15 +106,14 @@ def rollout_placement(cfg: Config, pg: Any, bundles: list[int]) -> dict[str, Any
     that GPU, beside that bundle's learner rank (vLLM's examples/offline_inference/rlhf_colocate.py)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    ray_workers = cfg.vllm_ray_executor()
     env = gpu_actor_env()
-    if not cfg.vllm_ray_executor():
-        return {"num_gpus": ROLLOUT_GPU_SHARE, "runtime_env": {"env_vars": env},
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=bundles[0])}
-    env.update(VLLM_RAY_BUNDLE_INDICES=",".join(map(str, bundles)), VLLM_RAY_PER_WORKER_GPUS=str(ROLLOUT_GPU_SHARE))
-    return {"num_gpus": 0, "runtime_env": {"env_vars": env},
+    if ray_workers:
+        env.update(VLLM_RAY_BUNDLE_INDICES=",".join(map(str, bundles)), VLLM_RAY_PER_WORKER_GPUS=str(ROLLOUT_GPU_SHARE))
+    return {"num_gpus": 0 if ray_workers else ROLLOUT_GPU_SHARE, "runtime_env": {"env_vars": env},
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundles[0], placement_group_capture_child_tasks=True)}
+                placement_group=pg, placement_group_bundle_index=bundles[0],
+                placement_group_capture_child_tasks=ray_workers)}
 
 
 def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:
