@@ -6,8 +6,10 @@ when the agent returns, so the learner trains on the exact tokens sampled. An ag
 past its timeout, or a reward that raises, hangs, or returns something that is not a finite number, marks
 the trajectory failed with the reason: counted in metrics, excluded from advantages, never scored 0.
 Popping ends the session's life in the proxy: a request the agent left in flight (a timeout) is dropped
-when it completes and counted in the proxy's `late_turns`, instead of leaving an orphan session or joining
-a retry of the episode. The trajectory carries the proxy's per-session counts of prompts built from ids
+when it completes and counted in the proxy's `late_turns`, instead of leaving an orphan session. Every run
+of an episode tags its requests with a fresh attempt token (`X-Rlsys-Attempt`), so a retry after a worker
+death starts a new life of the session and pops only its own turns (rlsys/proxy/sessions.py, "Attempts"),
+with no Ray call to the rollout actor before the agent's first request. The trajectory carries the proxy's per-session counts of prompts built from ids
 (`prompt_from_ids`) and rendered in full (`re_rendered`).
 
 Returns are `(Trajectory, TrajectorySummary)` (Ray `num_returns=2`): the driver reads the summary and hands
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import secrets
 import traceback
 from typing import Any
 
@@ -25,6 +28,7 @@ from rlsys.plugins import load_agent, load_reward
 from rlsys.types import Trajectory, TrajectorySummary
 
 SESSION_HEADER = "X-Rlsys-Session"
+ATTEMPT_HEADER = "X-Rlsys-Attempt"
 
 
 class EnvWorker:
@@ -35,8 +39,10 @@ class EnvWorker:
         self.reward_timeout_s = reward_timeout_s
         self._clients: dict[tuple[str, str], Any] = {}
         self._tokenizers: dict[str, Any] = {}
+        import httpx  # noqa: F401  (here, while the engines build, not in the first episode: ~1 s on a cold disk)
+        import openai  # noqa: F401
 
-    def _client(self, base_url: str, token: str, session_id: str):
+    def _client(self, base_url: str, token: str, session_id: str, attempt: str):
         import httpx
         import openai
 
@@ -46,15 +52,15 @@ class EnvWorker:
             self._clients[key] = httpx.AsyncClient(timeout=httpx.Timeout(self.agent_timeout_s), trust_env=False,
                                                    limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
         return openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0, http_client=self._clients[key],
-                                  default_headers={SESSION_HEADER: session_id})
+                                  default_headers={SESSION_HEADER: session_id, ATTEMPT_HEADER: attempt})
 
     async def run_episode(self, proxy: dict[str, Any], item: dict[str, Any], group: int, sample: int,
                           session_id: str) -> tuple[Trajectory, TrajectorySummary]:
         """One agent episode + reward. ``proxy`` = {"url", "token", "model", "actor"} of a rollout actor."""
         traj = Trajectory(item_id=str(item.get("id", "")), group=group, sample=sample)
         # a retry after this worker died mid-episode must not inherit the dead attempt's recorded turns
-        await proxy["actor"].pop_session.remote(session_id)
-        client = self._client(proxy["url"], proxy["token"], session_id)
+        attempt = secrets.token_hex(8)
+        client = self._client(proxy["url"], proxy["token"], session_id, attempt)
         output: Any = None
         try:
             output = await asyncio.wait_for(self.agent(item, client, proxy["model"]), self.agent_timeout_s)
@@ -63,7 +69,7 @@ class EnvWorker:
         except Exception as err:  # the user's agent raised: the reason goes into metrics and the log
             _fail(traj, f"agent_error: {_describe(err)}")
         traj.info["output"] = output  # what the reward saw: kept for eval tables and debugging
-        record = await proxy["actor"].pop_session.remote(session_id)
+        record = await proxy["actor"].pop_session.remote(session_id, attempt)
         traj.segments = record.segments
         traj.num_turns = record.num_turns
         traj.segment_breaks = record.segment_breaks

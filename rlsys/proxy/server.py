@@ -4,7 +4,8 @@ One request: validate (schema.py) -> chat template with ``tools`` -> prompt toke
 completion ids + logprobs -> tool-call parser (toolcalls.py) -> an OpenAI ``ChatCompletion`` with an
 extension field ``"rlsys"`` carrying ``prompt_ids``, ``completion_ids``, ``logprobs``,
 ``tool_call_errors`` and ``session_id``. With an ``X-Rlsys-Session`` header the turn is also recorded
-server-side (sessions.py), so the learner trains on the tokens actually sampled.
+server-side (sessions.py), so the learner trains on the tokens actually sampled; an ``X-Rlsys-Attempt``
+header names the env worker's run of the episode (a retried episode starts a new life of the session).
 
 Routes: ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models[/{id}]``, ``GET /health``. A pure
 ASGI guard in front of everything checks the bearer token (``hmac.compare_digest``) on every path,
@@ -92,6 +93,7 @@ from rlsys.types import Turn
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Rlsys-Session"
+ATTEMPT_HEADER = "X-Rlsys-Attempt"  # the env worker's run of the episode (sessions.py, "Attempts")
 MAX_SESSION_ID_CHARS = 256
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # An idle keep-alive connection stays open this long (uvicorn's default, 5 s, equals httpx's keep-alive expiry:
@@ -347,10 +349,10 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> JSONResponse:
         try:
-            req, session_id = _parse(await request.body(), request.headers, model_name)
+            req, session_id, attempt = _parse(await request.body(), request.headers, model_name)
             tools = template_tools(req)
             messages = template_messages(req)
-            ticket = recorder.begin(session_id) if session_id is not None else None
+            ticket = recorder.begin(session_id, attempt) if session_id is not None else None
             keys = message_keys(messages) if ticket is not None else ()
             plan = _plan_prompt(codec, messages, keys, tools, ticket)
             prompt_ids = plan.prompt_ids
@@ -405,7 +407,8 @@ def _returned_reply(message: dict[str, Any]) -> str:
     return reply_key(message["content"], calls)
 
 
-def _parse(raw: bytes, headers: Mapping[str, str], model_name: str) -> tuple[ChatCompletionRequest, str | None]:
+def _parse(raw: bytes, headers: Mapping[str, str], model_name: str
+           ) -> tuple[ChatCompletionRequest, str | None, str | None]:
     try:
         data = loads_json(raw)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -428,7 +431,10 @@ def _parse(raw: bytes, headers: Mapping[str, str], model_name: str) -> tuple[Cha
     session_id = headers.get(SESSION_HEADER)
     if session_id is not None and not 0 < len(session_id) <= MAX_SESSION_ID_CHARS:
         raise RequestError(SESSION_HEADER, f"must be 1 to {MAX_SESSION_ID_CHARS} characters")
-    return req, session_id
+    attempt = headers.get(ATTEMPT_HEADER)
+    if attempt is not None and not 0 < len(attempt) <= MAX_SESSION_ID_CHARS:
+        raise RequestError(ATTEMPT_HEADER, f"must be 1 to {MAX_SESSION_ID_CHARS} characters")
+    return req, session_id, attempt
 
 
 def _sampling_params(req: ChatCompletionRequest, defaults: SamplingParams, stop_ids: tuple[int, ...],

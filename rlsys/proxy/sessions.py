@@ -40,6 +40,13 @@ flight) or it was evicted, is a *late turn*: dropped and counted (``late_turns``
 an orphan session or join the next life of the same id (a retried episode). The popped session is
 freed at once; no list of closed ids is needed, the ticket carries its life.
 
+Attempts: an env worker tags every request of one episode run with an attempt token (``X-Rlsys-Attempt``,
+fresh per run). A request of a new attempt for a live session id ends the old attempt's life (a worker died
+mid-episode and Ray retried the episode: the dead attempt's turns are discarded, its requests still in flight
+become late turns, ``superseded_sessions`` counts it), and a pop that names an attempt returns only that
+attempt's turns. So the retried episode never inherits the dead one's turns without a Ray call to the rollout
+actor before every episode, the cost the agent path paid before (it delayed each episode's first request).
+
 Bounded memory: at most ``max_sessions`` live sessions; a new session when the table is full evicts
 the least recently used one (``evicted_sessions`` counts them; popping an evicted id gives an empty
 record). A session keeps at most ``max_turns_per_session`` turns; later turns are not recorded and
@@ -87,6 +94,7 @@ class RequestTicket:
 class _Session:
     record: SessionRecord
     life: int
+    attempt: str | None = None  # the env worker's run of the episode that made this life
     requests: int = 0  # tickets handed out
     exchange: Exchange | None = None
 
@@ -107,12 +115,14 @@ class SessionRecorder:
         self.evicted_sessions = 0
         self.dropped_turns = 0
         self.late_turns = 0
+        self.superseded_sessions = 0
         self._prompt_sources: Counter[str] = Counter()  # FIRST, FROM_IDS, re_rendered_<reason>
 
-    def begin(self, session_id: str) -> RequestTicket:
-        """Register an arriving request: its index in the session and the session's latest exchange."""
+    def begin(self, session_id: str, attempt: str | None = None) -> RequestTicket:
+        """Register an arriving request: its index in the session and the session's latest exchange.
+        A request of another ``attempt`` than the live session's starts a new life (the old one is discarded)."""
         with self._lock:
-            session = self._live(session_id)
+            session = self._live(session_id, attempt)
             ticket = RequestTicket(session_id, session.life, session.requests, session.exchange)
             session.requests += 1
             return ticket
@@ -154,11 +164,15 @@ class SessionRecorder:
             rec.segments.append(_new_segment(turn))
             return True
 
-    def pop(self, session_id: str) -> SessionRecord:
-        """Remove and return the session's record; an unknown (or evicted) id gives an empty one.
+    def pop(self, session_id: str, attempt: str | None = None) -> SessionRecord:
+        """Remove and return the session's record; an unknown (or evicted) id gives an empty one, and so does
+        a live session of another ``attempt`` than the one named (discarded: a dead run's turns).
         The session's life ends: turns of requests still in flight are late (dropped, counted)."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
+            if session is not None and attempt is not None and session.attempt != attempt:
+                self.superseded_sessions += 1
+                session = None
         return session.record if session is not None else SessionRecord()
 
     def num_turns(self, session_id: str) -> int:
@@ -184,20 +198,25 @@ class SessionRecorder:
                 "evicted_sessions": self.evicted_sessions,
                 "dropped_turns": self.dropped_turns,
                 "late_turns": self.late_turns,
+                "superseded_sessions": self.superseded_sessions,
                 RE_RENDERED: sum(v for k, v in sources.items() if k.startswith(RE_RENDERED)),
                 **sources,
             }
 
-    def _live(self, session_id: str) -> _Session:
-        """The session's current life, made (evicting the least recently used) when there is none."""
+    def _live(self, session_id: str, attempt: str | None = None) -> _Session:
+        """The session's current life, made (evicting the least recently used) when there is none or it
+        belongs to another attempt."""
         session = self._sessions.get(session_id)
-        if session is not None:
+        if session is not None and (attempt is None or session.attempt == attempt):
             self._sessions.move_to_end(session_id)
             return session
+        if session is not None:  # a dead run's session: its turns go, its requests in flight become late
+            del self._sessions[session_id]
+            self.superseded_sessions += 1
         while len(self._sessions) >= self.max_sessions:
             self._sessions.popitem(last=False)
             self.evicted_sessions += 1
-        session = self._sessions[session_id] = _Session(SessionRecord(), next(self._lives))
+        session = self._sessions[session_id] = _Session(SessionRecord(), next(self._lives), attempt)
         return session
 
 

@@ -340,6 +340,26 @@ def test_two_turn_tool_conversation_extends_one_segment(tokenizer):
     assert "<tool_response>" in suffix and suffix.endswith("<|im_start|>assistant\n")
 
 
+def test_attempt_header_starts_a_new_life_of_the_session_and_is_validated(tokenizer):
+    """A retried episode (new `X-Rlsys-Attempt`, same session id) must not extend the dead run's segment."""
+    engine = ScriptedEngine(tokenizer, [CALL_BLOCK, CALL_BLOCK])
+    recorder = SessionRecorder()
+
+    async def scenario():
+        async with serving(make_app(tokenizer, engine, recorder)) as (_, client, http):
+            for attempt in ("run-1", "run-2"):
+                await client.chat.completions.create(model=MODEL, messages=BOARD, tools=TOOLS, extra_headers={
+                    "X-Rlsys-Session": "ep", "X-Rlsys-Attempt": attempt})
+            return await http.post("/v1/chat/completions", json={"model": MODEL, "messages": BOARD},
+                                   headers={**auth(), "X-Rlsys-Session": "ep", "X-Rlsys-Attempt": "x" * 257})
+
+    bad = run(scenario)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Rlsys-Attempt", bad.text
+    assert recorder.stats["superseded_sessions"] == 1
+    record = recorder.pop("ep", "run-2")
+    assert record.num_turns == 1 and record.segment_breaks == 0
+
+
 def test_a_cut_off_answer_whose_call_parses_is_recorded_as_truncated(tokenizer):
     """The reply says `tool_calls` (its opening parsed), the session record says the engine cut it at max_tokens:
     what `algo.mask_truncated` reads (the length collapse of docs/results.md grew from such answers)."""

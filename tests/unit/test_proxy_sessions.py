@@ -174,6 +174,37 @@ def test_late_turn_does_not_join_the_next_life_of_the_same_id():
     assert out.num_turns == 1 and [s.input_ids for s in out.segments] == [[1, 2]] and rec.stats["late_turns"] == 1
 
 
+def test_a_new_attempt_discards_the_dead_attempts_turns_and_its_late_ones():
+    rec = SessionRecorder()
+    dead = rec.begin("s", "run-1")
+    assert rec.record("s", turn([1], [2]), ticket=dead)
+    in_flight = rec.begin("s", "run-1")  # the worker died with this request in flight
+    retry = rec.begin("s", "run-2")  # Ray retried the episode: no pop came between
+    assert retry.index == 0 and retry.previous is None, "the retry must not see the dead run's exchange"
+    assert rec.record("s", turn([1, 2, 3], [4]), ticket=in_flight) is False
+    assert rec.record("s", turn([1], [7]), ticket=retry)
+    out = rec.pop("s", "run-2")
+    assert [seg.input_ids for seg in out.segments] == [[1, 7]] and out.num_turns == 1
+    assert rec.stats["superseded_sessions"] == 1 and rec.stats["late_turns"] == 1
+
+
+def test_pop_of_an_attempt_that_made_no_request_returns_nothing_of_the_dead_one():
+    rec = SessionRecorder()
+    rec.record("s", turn([1], [2]), ticket=rec.begin("s", "run-1"))
+    out = rec.pop("s", "run-2")  # the retry's agent failed before calling the model
+    assert out.num_turns == 0 and out.segments == [] and "s" not in rec
+    assert rec.stats["superseded_sessions"] == 1
+
+
+def test_requests_of_one_attempt_share_the_session_and_no_attempt_means_any():
+    rec = SessionRecorder()
+    a, b = rec.begin("s", "run-1"), rec.begin("s", "run-1")
+    assert (a.life, a.index, b.index) == (b.life, 0, 1)
+    assert rec.begin("s").life == a.life, "a request without an attempt joins the live session"
+    rec.record("s", turn([1], [2]), ticket=a)
+    assert rec.pop("s", "run-1").num_turns == 1 and rec.stats["superseded_sessions"] == 0
+
+
 def test_turn_in_flight_when_its_session_was_evicted_is_late():
     rec = SessionRecorder(max_sessions=1)
     ticket = rec.begin("a")
