@@ -55,23 +55,30 @@ class Placement:
     feeders: list[list[int]] | None = None  # (E, T) the learner ranks on each engine's GPUs; None = `sources`
 
 
-def make_env_workers(cfg: Config, nodes: list[str | None], **options: Any) -> list[Any]:
-    """Env workers, at least one per engine, each pinned to the node of the engine it calls (worker i ->
-    engine i mod E), so agent traffic stays on loopback."""
+def make_env_workers(cfg: Config, nodes: list[str | None], name: str = "env", **options: Any) -> list[Any]:
+    """Env workers (`{name}-{i}`), at least one per engine, each pinned to the node of the engine it calls
+    (worker i -> engine i mod E), so agent traffic stays on loopback."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     env_cls = ray.remote(EnvWorker)
     retries = 1 if cfg.env.retry_failed_worker else 0
     workers = []
-    for i in range(max(cfg.env.num_workers, len(nodes))):
+    cpus = node_cpus()
+    count = max(cfg.env.worker_count([cpus.get(n, 0.0) if n else 0.0 for n in dict.fromkeys(nodes)]), len(nodes))
+    for i in range(count):
         node = nodes[i % len(nodes)]
         where = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)} if node else {}
         workers.append(env_cls.options(
-            name=f"env-{i}", num_cpus=0, max_restarts=-1, max_task_retries=retries,
+            name=f"{name}-{i}", num_cpus=0, max_restarts=-1, max_task_retries=retries,
             max_concurrency=cfg.env.max_concurrency, **where, **options).remote(
             cfg.env.agent_fn, cfg.env.reward_fn_path, agent_timeout_s=cfg.env.agent_timeout_s,
             reward_timeout_s=cfg.env.reward_timeout_s))
     return workers
+
+
+def node_cpus() -> dict[str, float]:
+    """CPUs per alive node of the Ray cluster."""
+    return {n["NodeID"]: n.get("Resources", {}).get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")}
 
 
 def place_actors(cfg: Config, model_path: str) -> Placement:

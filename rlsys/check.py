@@ -174,12 +174,12 @@ def plan_job(cfg: Config, m: Machine) -> tuple[JobPlan, list[str]]:
         transport = cfg.sync.transport if cfg.sync.transport != "auto" else (
             "cuda_ipc" if kind == "vllm" else "object_store")
         layout = (f"GPU: one {{GPU: 1, CPU: {cfg.cluster.cpus_per_bundle}}} bundle per GPU ({cfg.cluster.placement_strategy}),"
-                  f" learner and rollout share it; {cfg.env.num_workers} CPU env workers")
+                  f" learner and rollout share it; {cfg.env.worker_count([os.cpu_count() or 0])} CPU env workers")
         if cfg.cluster.world_size > len(m.gpus):
             warnings.append(f"cluster.world_size={cfg.cluster.world_size} but this machine sees {len(m.gpus)} GPU(s)")
     else:
         transport = "collective (gloo)" if cfg.sync.transport == "collective" else "object_store"
-        layout = f"CPU: learner, rollout and {cfg.env.num_workers} env workers with num_gpus=0"
+        layout = f"CPU: learner, rollout and {cfg.env.worker_count([os.cpu_count() or 0])} env workers with num_gpus=0"
         if cfg.sync.transport == "cuda_ipc":
             warnings.append("sync.transport=cuda_ipc needs the learner and engine on one GPU; without CUDA "
                             "the CPU layout uses object_store")

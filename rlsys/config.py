@@ -14,7 +14,7 @@ import argparse
 import datetime as _dt
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -106,13 +106,18 @@ class RolloutConfig(_Section):
     when several jobs share one GPU (a learning-rate sweep), where another job's sleep/wake breaks it."""
 
 
+AUTO_WORKERS_PER_NODE = (2, 8)  # `env.num_workers = "auto"`: half a node's CPUs, clamped to this range
+
+
 class EnvConfig(_Section):
     agent_fn: str = "rlsys.envs.tictactoe.agent:agent"
     """The agent: `path/to/file.py[:name]` or `package.module:name`; `async def agent(item, client, model)`."""
     reward_fn_path: str = "rlsys.envs.tictactoe.reward:reward"
     """The reward: `path/to/file.py[:name]` or `package.module:name`; `def reward(record) -> float`."""
-    num_workers: int = Field(2, ge=1)
-    """Env worker actors (CPU); each runs many agents concurrently."""
+    num_workers: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """Env worker actors (CPU); each runs many agents concurrently. `auto`: half the CPUs of each engine's node,
+    2 to 8 per node. Each worker's event loop runs its agents' OpenAI clients one request at a time (~2-4 ms
+    of CPU a request), so 2 workers with 64 episodes each delayed the last request by ~0.5 s at a step start."""
     max_concurrency: int = Field(64, ge=1)
     """Concurrent agent episodes per env worker."""
     agent_timeout_s: float = Field(120.0, gt=0)
@@ -123,6 +128,14 @@ class EnvConfig(_Section):
     """A step where more than this fraction of trajectories failed is not trained on (logged, skipped)."""
     retry_failed_worker: bool = True
     """Retry once the trajectories of an env worker that died mid-step (Ray restarts the worker)."""
+
+    def worker_count(self, node_cpus: list[float]) -> int:
+        """Env workers for engines on nodes with these CPU counts (one entry per distinct node; 0 = unknown,
+        counted as 4): `num_workers`, or for `auto` half of each node's CPUs within AUTO_WORKERS_PER_NODE."""
+        if self.num_workers != "auto":
+            return self.num_workers
+        low, high = AUTO_WORKERS_PER_NODE
+        return sum(min(high, max(low, int(c or 4) // 2)) for c in node_cpus or [0.0])
 
 
 class AlgoConfig(_Section):

@@ -137,3 +137,19 @@ def test_import_rlsys_pulls_no_ray_or_vllm():
     code = "import rlsys, rlsys.config, rlsys.types, rlsys.cli, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_env_num_workers_auto_is_half_of_each_engine_nodes_cpus_within_bounds():
+    from rlsys.config import Config
+
+    auto = Config().env
+    assert auto.num_workers == "auto"
+    assert auto.worker_count([2.0]) == 2, "a 2-core box keeps two workers"
+    assert auto.worker_count([16.0]) == 8 and auto.worker_count([128.0]) == 8
+    assert auto.worker_count([16.0, 6.0]) == 8 + 3, "counted per engine node"
+    assert auto.worker_count([0.0]) == 2, "an unknown node counts as 4 CPUs"
+    fixed = Config.model_validate({"env": {"num_workers": 5}}).env
+    assert fixed.worker_count([128.0]) == 5
+    for bad in ("many", 0):
+        with pytest.raises(Exception, match="num_workers"):
+            Config.model_validate({"env": {"num_workers": bad}})
