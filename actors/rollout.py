@@ -134,14 +134,16 @@ class RolloutWorker:
 
     async def start(self) -> dict[str, Any]:
         """Build the engine and start the proxy inside this event loop; returns how agents reach it."""
+        began = time.time()
         from transformers import AutoTokenizer
 
         from rlsys.proxy.server import ProxyServer, create_app
 
-        t0 = time.perf_counter()
         self.engine = build_engine(self.cfg, self.model_path)
         self.clock = EngineClock(self.engine)
-        self._startup = {"engine_build_s": time.perf_counter() - t0, "engine_ready_at": time.time()}
+        # engine_build_s: the imports above and the engine's constructor
+        self._startup = {"start_called_at": began, "engine_build_s": time.time() - began,
+                         "engine_ready_at": time.time()}
         self._engine_kind = resolve_engine_kind(self.cfg)
         if self._transport_name == "auto":
             self._transport_name = "cuda_ipc" if self._engine_kind == "vllm" else "object_store"
@@ -171,6 +173,12 @@ class RolloutWorker:
                 "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm", "workers": workers,
                 "ray_executor": self._engine_kind == "vllm" and self.cfg.vllm_ray_executor()}
 
+    async def node_id(self) -> str | None:
+        """This actor's Ray node (answers before `start`, which blocks the actor's loop while the engine builds)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
     async def set_transport(self, name: str) -> None:
         """How weights arrive from now on (the driver's choice by placement: cuda_ipc, collective, object_store)."""
         if name != self._transport_name:
@@ -182,8 +190,8 @@ class RolloutWorker:
         value = self.cfg.rollout.temperature if temperature is None else temperature
         self.sampling = dataclasses.replace(self.sampling, temperature=value)
 
-    async def pop_session(self, session_id: str) -> SessionRecord:
-        return self.recorder.pop(session_id)
+    async def pop_session(self, session_id: str, attempt: str | None = None) -> SessionRecord:
+        return self.recorder.pop(session_id, attempt)
 
     async def sleep(self, level: int) -> dict[str, float]:
         """Sleep the engine (level 0: stay awake, `rollout.keep_awake`); returns what it did since the last

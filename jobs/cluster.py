@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,7 @@ class Job:
     reward_module: str = ""
     start_step: int = 0
     placement_group: Any = None
+    startup_marks: dict[str, float] = field(default_factory=dict)  # milestone -> time.time() (Job.start)
 
     @classmethod
     def start(cls, cfg: Config, checked: tuple[list, list] | None = None) -> "Job":
@@ -325,30 +327,44 @@ class Job:
         # a resumed job starts learner and engine from the checkpoint's weights
         model_path = str(resume_from) if resume_from else resolve_model(cfg.model.ckpt)
         namespace = job_namespace(cfg)
+        marks = {"job_start": time.time()}  # when start-up milestones were reached (the `startup/*` metrics)
         owns_ray = init_ray(cfg, namespace)
+        marks["ray_ready"] = time.time()
         wait_for_stale_actors(namespace)
         placed = place_actors(cfg, model_path)
         learners, sources = placed.learners, placed.sources
         learner = learners[0]
-        if len(learners) > 1:
-            ip, port = ray.get(learner.address.remote())
-            ray.get([rank.init_distributed.remote(r, len(learners), f"tcp://{ip}:{port}")
-                     for r, rank in enumerate(learners)])
-        infos = ray.get([r.start.remote() for r in placed.rollouts])
+        # the engines build while the learner ranks load and join their group, and the env workers start
+        # (processes, imports) meanwhile too: they need only the engines' nodes
+        nodes = ray.get([r.node_id.remote() for r in placed.rollouts])
+        marks["actors_up"] = time.time()
+        starting = [r.start.remote() for r in placed.rollouts]
+        env_workers = make_env_workers(cfg, nodes=nodes)
+        try:
+            if len(learners) > 1:
+                ip, port = ray.get(learner.address.remote())
+                ray.get([rank.init_distributed.remote(r, len(learners), f"tcp://{ip}:{port}")
+                         for r, rank in enumerate(learners)])
+            prompt, continuation = canary_sequence(model_path)  # the driver's own tokenizer load, meanwhile
+            infos = ray.get(starting)
+            marks["engines_ready"] = time.time()
+        except BaseException:  # an engine that fails to build: the workers started for it go too
+            for worker in env_workers:
+                ray.kill(worker, no_restart=True)
+            raise
         feeders = placed.feeders or [[r] for r in sources]
         transports, per_gpu, backend = choose_transports(cfg, learners, placed.rollouts, feeders, infos)
         proxies = [{**info, "transport": t, "actor": r} for info, t, r in zip(infos, transports, placed.rollouts)]
         print(f"rlsys: {len(learners)} learner rank(s), {len(infos)} engine(s); weights by "
               f"{', '.join(sorted(set(transports)))}", flush=True)
-        prompt, continuation = canary_sequence(model_path)
         num_params = ray.get(learner.num_parameters.remote())
+        marks["learner_ready"] = time.time()
         weights = WeightSync(
             learners=learners, engines=placed.rollouts, sources=sources, transports=transports, per_gpu=per_gpu,
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
             canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
             canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every, collective_backend=backend,
         )
-        env_workers = make_env_workers(cfg, nodes=[info["node_id"] for info in infos])
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)
         reward_fn, _ = load_reward(cfg.env.reward_fn_path)
         labels = tuple(getattr(sys.modules[reward_fn.__module__], "OUTCOMES", ()))
@@ -356,7 +372,8 @@ class Job:
         job = cls(cfg=cfg, namespace=namespace, owns_ray=owns_ray, learners=learners, rollouts=placed.rollouts,
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
                   data=data, model_path=model_path, eval_items=eval_items if wants_eval else [],
-                  outcome_labels=labels, reward_module=reward_fn.__module__, placement_group=placed.placement_group)
+                  outcome_labels=labels, reward_module=reward_fn.__module__, placement_group=placed.placement_group,
+                  startup_marks=marks)
         if resume_from is not None:
             ray.get([rank.load_state.remote(str(resume_from)) for rank in learners])
             data.load_state_dict(trainer_state["data"])
@@ -365,6 +382,7 @@ class Job:
             job.engines.wake()
             print(f"rlsys: resumed from {resume_from} at step {job.start_step}", flush=True)
         job.weights.check_canary()  # engine and learner start from the same weights
+        marks["canary_passed"] = time.time()
         return job
 
     @property

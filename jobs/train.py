@@ -120,13 +120,28 @@ class StartupClock:
         m = {"startup/job_ready_s": self.ready_s,
              "startup/engine_build_s": max(t["engine_build_s"] for t in times),
              "startup/engine_ready_s": max(t["engine_ready_at"] for t in times) - self.t0}
+        began = [t["start_called_at"] for t in times if t.get("start_called_at")]
+        if began:
+            m["startup/engine_start_called_s"] = min(began) - self.t0
+        # the driver's milestones (Job.start): Ray up, the actors' processes up, engines ready, learner loaded
+        m.update({f"startup/{k}_s": v - self.t0 for k, v in self.job.startup_marks.items()})
         if firsts:
             m["startup/first_sample_s"] = min(firsts) - self.t0
         first = f"{m['startup/first_sample_s']:.1f} s" if firsts else "-"
         print(f"rlsys: startup: engine built in {m['startup/engine_build_s']:.1f} s, ready "
               f"{m['startup/engine_ready_s']:.1f} s and first sampled token {first} after the process started",
               flush=True)
+        steps = [(label, m.get(f"startup/{key}_s")) for key, label in STARTUP_MILESTONES]
+        print("rlsys: startup: " + ", ".join(f"{label} {v:.1f}" for label, v in steps if v is not None)
+              + " (s after the process started)", flush=True)
         return m
+
+
+# the `startup/*` milestones in the order a job reaches them, as printed
+STARTUP_MILESTONES = [("job_start", "job start"), ("ray_ready", "Ray up"), ("actors_up", "actors up"),
+                      ("engine_start_called", "engine start called"), ("engine_ready", "engine ready"),
+                      ("engines_ready", "engines seen by the driver"), ("learner_ready", "learner loaded"),
+                      ("canary_passed", "canary passed"), ("first_sample", "first sampled token")]
 
 
 class StopRequest:
