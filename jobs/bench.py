@@ -396,8 +396,6 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
         info = ray.get(rollout.start.remote())
         engine_start_s = time.perf_counter() - t0
         proxy = {**info, "actor": rollout}
-        workers = make_env_workers(cfg, nodes=[info["node_id"]])
-        actors += workers
         r = cfg.rollout
         items = load_items(cfg)[: r.batch_size]
         prompts = tictactoe_prompts(items, AutoTokenizer.from_pretrained(model_path))
@@ -405,43 +403,52 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
         def direct() -> dict[str, float]:
             return ray.get(rollout.bench_generate.remote(prompts, r.n_samples))
 
-        def agent_path(tag: str) -> tuple[dict[str, float], list[Any]]:
+        def agent_path(workers: list[Any], tag: str) -> tuple[dict[str, float], list[Any]]:
             t = time.perf_counter()
             refs, summaries = run_episodes(workers, [proxy], items, r.n_samples, lambda w, p, item, g, s: (
                 w.run_episode.options(num_returns=2).remote(p, item, g, s, f"bench-{tag}-item{g}-sample{s}")))
             wall = time.perf_counter() - t
-            failed = sum(s.failed for s in summaries)
+            failed = [s.fail_reason for s in summaries if s.failed]
             return {"tokens": float(sum(s.response_len for s in summaries)), "wall_s": wall,
-                    "requests": float(len(summaries)), "failed": float(failed)}, refs
+                    "requests": float(len(summaries)), "failed": float(len(failed)), "fail_reasons": failed[:4]}, refs
 
-        direct()  # warm-up: engine kernels, env workers' imports and HTTP connections
-        agent_path("warmup")
-        rounds = []
-        first_refs = None
-        for k in range(args.rounds):  # alternating which path goes first, so drift favours neither
-            if k % 2:
-                b, refs = agent_path(str(k))
-                a = direct()
-            else:
-                a = direct()
-                b, refs = agent_path(str(k))
-            first_refs = first_refs or refs
-            rounds.append({"direct": a, "agent": b, "direct_tps": a["tokens"] / a["wall_s"],
-                           "agent_tps": b["tokens"] / b["wall_s"]})
-            rounds[-1]["ratio"] = rounds[-1]["agent_tps"] / rounds[-1]["direct_tps"]
+        direct()  # warm-up: engine kernels
+        by_workers, first_refs = {}, None
+        for v, count in enumerate(args.env_workers or [cfg.env.num_workers]):
+            env = cfg.model_copy(update={"env": cfg.env.model_copy(update={"num_workers": count})})
+            workers = make_env_workers(env, nodes=[info["node_id"]], name=f"env-bench{v}")
+            actors += workers
+            agent_path(workers, f"warmup{v}")  # env workers' imports and HTTP connections
+            rounds = []
+            for k in range(args.rounds):  # alternating which path goes first, so drift favours neither
+                if k % 2:
+                    b, refs = agent_path(workers, f"{v}-{k}")
+                    a = direct()
+                else:
+                    a = direct()
+                    b, refs = agent_path(workers, f"{v}-{k}")
+                first_refs = first_refs or refs
+                rounds.append({"direct": a, "agent": b, "direct_tps": a["tokens"] / a["wall_s"],
+                               "agent_tps": b["tokens"] / b["wall_s"]})
+                rounds[-1]["ratio"] = rounds[-1]["agent_tps"] / rounds[-1]["direct_tps"]
+            by_workers[str(count)] = {
+                "env_workers": len(workers), "rounds": rounds,
+                "concurrency": min(len(prompts) * r.n_samples, r.engine_max_batch, len(workers) * cfg.env.max_concurrency),
+                "direct_tps": statistics.median(x["direct_tps"] for x in rounds),
+                "agent_tps": statistics.median(x["agent_tps"] for x in rounds),
+                "ratio": statistics.median(x["ratio"] for x in rounds)}
+            for w in workers:
+                ray.kill(w, no_restart=True)
         traj = ray.get(first_refs[0])
         sent = traj.segments[0].input_ids[: len(prompts[0])] if traj.segments else []
+        first = next(iter(by_workers.values()))
         return {
             "model": cfg.model.ckpt, "engine": resolve_engine_kind(cfg) if not gpus else "vllm (auto, GPU)",
             "engine_start_s": engine_start_s, "prompts": len(prompts), "n_samples": r.n_samples,
-            "concurrency": min(len(prompts) * r.n_samples, r.engine_max_batch,
-                               len(workers) * cfg.env.max_concurrency),
             "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
             "prompt_tokens": statistics.fmean(len(p) for p in prompts), "prompts_match": sent == prompts[0],
-            "rounds": rounds,
-            "direct_tps": statistics.median(x["direct_tps"] for x in rounds),
-            "agent_tps": statistics.median(x["agent_tps"] for x in rounds),
-            "ratio": statistics.median(x["ratio"] for x in rounds),
+            "by_env_workers": by_workers,
+            **{k: first[k] for k in ("env_workers", "concurrency", "rounds", "direct_tps", "agent_tps", "ratio")},
         }
     finally:
         for actor in actors[:1]:
@@ -457,13 +464,16 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_proxy_table(r: dict[str, Any]) -> None:
     print(f"\nproxy overhead, {r['model']} ({r['engine']}): {r['prompts']} prompts x {r['n_samples']} samples, "
-          f"concurrency {r['concurrency']}, {r['prompt_tokens']:.0f}-token prompts, max_new_tokens {r['max_new_tokens']}")
-    print(f"{'round':<8}{'direct tok/s':>14}{'agent tok/s':>14}{'ratio':>8}{'direct tok':>12}{'agent tok':>11}")
-    for k, x in enumerate(r["rounds"]):
-        print(f"{k:<8}{x['direct_tps']:14.0f}{x['agent_tps']:14.0f}{x['ratio']:8.3f}"
-              f"{x['direct']['tokens']:12.0f}{x['agent']['tokens']:11.0f}")
-    print(f"median: direct {r['direct_tps']:.0f} tok/s, agent path {r['agent_tps']:.0f} tok/s, ratio "
-          f"{r['ratio']:.3f} [goal >= 0.9]; prompts identical on both paths: {r['prompts_match']}")
+          f"{r['prompt_tokens']:.0f}-token prompts, max_new_tokens {r['max_new_tokens']}")
+    print(f"{'workers':<9}{'round':<7}{'direct tok/s':>14}{'agent tok/s':>14}{'ratio':>8}{'direct tok':>12}"
+          f"{'agent tok':>11}{'failed':>8}")
+    for v in r["by_env_workers"].values():
+        for k, x in enumerate(v["rounds"]):
+            print(f"{v['env_workers']:<9}{k:<7}{x['direct_tps']:14.0f}{x['agent_tps']:14.0f}{x['ratio']:8.3f}"
+                  f"{x['direct']['tokens']:12.0f}{x['agent']['tokens']:11.0f}{x['agent']['failed']:8.0f}")
+        print(f"median with {v['env_workers']} env workers (concurrency {v['concurrency']}): direct "
+              f"{v['direct_tps']:.0f} tok/s, agent path {v['agent_tps']:.0f} tok/s, ratio {v['ratio']:.3f} [goal >= 0.9]")
+    print(f"prompts identical on both paths: {r['prompts_match']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -481,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     proxy.add_argument("--config", help="TOML config (overrides win)")
     proxy.add_argument("--model", help=f"{models}, or any model.ckpt value (default: the config's)")
     proxy.add_argument("--rounds", type=int, default=3, help="timed (direct, agent) pairs after a warm-up")
+    proxy.add_argument("--env-workers", type=lambda v: [x if x == "auto" else int(x) for x in v.split(",")],
+                       help="env worker counts to measure the agent path with, one after the other, comma-separated "
+                            "(e.g. auto,2; default: the config's env.num_workers)")
     for p in (step, proxy):
         p.add_argument("--cache", default="/tmp/rlsys-bench", help="where named models are built")
         p.add_argument("--out", help="write the results as JSON here")

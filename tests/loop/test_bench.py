@@ -44,6 +44,12 @@ def test_bench_step_reports_the_breakdown_of_two_steps(ray_local, tmp_path, caps
     # seconds since this (pytest) process started: ordered, not bounded
     assert 0 < startup["engine_ready_s"] <= startup["job_ready_s"] < startup["first_sample_s"]
     assert 0 < startup["engine_build_s"] < startup["engine_ready_s"]
+    from jobs.train import STARTUP_MILESTONES
+
+    order = [startup[f"{key}_s"] for key, _ in STARTUP_MILESTONES]  # every milestone recorded, in this order
+    assert order == sorted(order) and order[0] > 0
+    assert startup["engine_start_called_s"] + startup["engine_build_s"] == pytest.approx(startup["engine_ready_s"],
+                                                                                          abs=0.05)
     # the random reward gave the groups a spread: the learner trained on sequences
     assert all(row.get("time/learner_compute", 0) > 0 for row in r["per_step"])
     assert "overhead 1 - (generation + learner compute)/step" in capsys.readouterr().out
@@ -54,16 +60,20 @@ def test_bench_proxy_compares_direct_generation_with_the_agent_path(ray_local, t
 
     out = tmp_path / "proxy.json"
     rc = main(["proxy", "--config", "configs/tictactoe-tiny-cpu.toml", "--rounds", "1", "--out", str(out),
-               *_flags_as_overrides()])
+               "--env-workers", "1,2", *_flags_as_overrides()])
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["prompts_match"] is True, "the direct path rendered other prompts than the proxy"
     assert r["prompts"] == 2 and r["n_samples"] == 2 and r["concurrency"] == 4
-    (rnd,) = r["rounds"]
-    assert rnd["direct"]["requests"] == rnd["agent"]["requests"] == 4 and rnd["agent"]["failed"] == 0
-    assert rnd["direct"]["tokens"] > 0 and rnd["agent"]["tokens"] > 0
-    assert math.isclose(r["ratio"], r["agent_tps"] / r["direct_tps"], rel_tol=1e-9)
-    assert "ratio" in capsys.readouterr().out
+    assert [v["env_workers"] for v in r["by_env_workers"].values()] == [1, 2] and r["env_workers"] == 1
+    for v in r["by_env_workers"].values():
+        (rnd,) = v["rounds"]
+        assert rnd["direct"]["requests"] == rnd["agent"]["requests"] == 4 and rnd["agent"]["failed"] == 0
+        assert rnd["direct"]["tokens"] > 0 and rnd["agent"]["tokens"] > 0
+        assert math.isclose(v["ratio"], v["agent_tps"] / v["direct_tps"], rel_tol=1e-9)
+    assert r["ratio"] == r["by_env_workers"]["1"]["ratio"]
+    printed = capsys.readouterr().out
+    assert "median with 1 env workers" in printed and "median with 2 env workers" in printed
 
 
 def test_bench_proxy_cpu_measures_the_servers_cpu_per_request(tmp_path, capsys):
