@@ -9,7 +9,8 @@ Popping ends the session's life in the proxy: a request the agent left in flight
 when it completes and counted in the proxy's `late_turns`, instead of leaving an orphan session. Every run
 of an episode tags its requests with a fresh attempt token (`X-Rlsys-Attempt`), so a retry after a worker
 death starts a new life of the session and pops only its own turns (rlsys/proxy/sessions.py, "Attempts"),
-with no Ray call to the rollout actor before the agent's first request. The trajectory carries the proxy's per-session counts of prompts built from ids
+with no Ray call to the rollout actor before the agent's first request. The trajectory carries the proxy's
+per-session counts of prompts built from ids
 (`prompt_from_ids`) and rendered in full (`re_rendered`).
 
 Returns are `(Trajectory, TrajectorySummary)` (Ray `num_returns=2`): the driver reads the summary and hands

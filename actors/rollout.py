@@ -164,14 +164,19 @@ class RolloutWorker:
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         gpu_ids = [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
         workers = []  # vLLM: each worker's GPU uuid and node (its own process, or a Ray actor of its own)
+        device_bytes = None  # vLLM: the GPU's total memory (the driver's `rollout.keep_awake = auto` check)
         if self._engine_kind == "vllm":
+            from rlsys.engines.vllm_engine import device_total_bytes
+
             workers = [{**w, "node_id": w.get("node_id") or node_id} for w in await self.engine.worker_devices()]
+            device_bytes = device_total_bytes()
         # "on_gpu": the engine's weights live on a GPU (vLLM); with "node_id" and Ray's "gpu_ids" (or, for
         # vLLM's Ray executor, "workers") the driver picks the weight transport (jobs/placement.py) and calls
         # `set_transport`
         return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self._transport_name,
                 "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm", "workers": workers,
-                "ray_executor": self._engine_kind == "vllm" and self.cfg.vllm_ray_executor()}
+                "ray_executor": self._engine_kind == "vllm" and self.cfg.vllm_ray_executor(),
+                "device_bytes": device_bytes}
 
     async def node_id(self) -> str | None:
         """This actor's Ray node (answers before `start`, which blocks the actor's loop while the engine builds)."""

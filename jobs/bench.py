@@ -433,7 +433,8 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
                 rounds[-1]["ratio"] = rounds[-1]["agent_tps"] / rounds[-1]["direct_tps"]
             by_workers[str(count)] = {
                 "env_workers": len(workers), "rounds": rounds,
-                "concurrency": min(len(prompts) * r.n_samples, r.engine_max_batch, len(workers) * cfg.env.max_concurrency),
+                "concurrency": min(len(prompts) * r.n_samples, r.engine_max_batch,
+                                   len(workers) * cfg.env.max_concurrency),
                 "direct_tps": statistics.median(x["direct_tps"] for x in rounds),
                 "agent_tps": statistics.median(x["agent_tps"] for x in rounds),
                 "ratio": statistics.median(x["ratio"] for x in rounds)}
@@ -472,7 +473,8 @@ def print_proxy_table(r: dict[str, Any]) -> None:
             print(f"{v['env_workers']:<9}{k:<7}{x['direct_tps']:14.0f}{x['agent_tps']:14.0f}{x['ratio']:8.3f}"
                   f"{x['direct']['tokens']:12.0f}{x['agent']['tokens']:11.0f}{x['agent']['failed']:8.0f}")
         print(f"median with {v['env_workers']} env workers (concurrency {v['concurrency']}): direct "
-              f"{v['direct_tps']:.0f} tok/s, agent path {v['agent_tps']:.0f} tok/s, ratio {v['ratio']:.3f} [goal >= 0.9]")
+              f"{v['direct_tps']:.0f} tok/s, agent path {v['agent_tps']:.0f} tok/s, ratio {v['ratio']:.3f} "
+              "[goal >= 0.9]")
     print(f"prompts identical on both paths: {r['prompts_match']}")
 
 

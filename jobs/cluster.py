@@ -317,6 +317,7 @@ class Job:
     start_step: int = 0
     placement_group: Any = None
     startup_marks: dict[str, float] = field(default_factory=dict)  # milestone -> time.time() (Job.start)
+    sleep_level: int = 1  # the engines' sleep between rollout and training (`choose_sleep_level`)
 
     @classmethod
     def start(cls, cfg: Config, checked: tuple[list, list] | None = None) -> "Job":
@@ -359,6 +360,9 @@ class Job:
               f"{', '.join(sorted(set(transports)))}", flush=True)
         num_params = ray.get(learner.num_parameters.remote())
         marks["learner_ready"] = time.time()
+        sleep_level, why = choose_sleep_level(cfg, model_path, infos)
+        print(f"rlsys: engines {'stay awake' if sleep_level == 0 else f'sleep at level {sleep_level}'} while the "
+              f"learner trains ({why})", flush=True)
         weights = WeightSync(
             learners=learners, engines=placed.rollouts, sources=sources, transports=transports, per_gpu=per_gpu,
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
@@ -373,7 +377,7 @@ class Job:
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
                   data=data, model_path=model_path, eval_items=eval_items if wants_eval else [],
                   outcome_labels=labels, reward_module=reward_fn.__module__, placement_group=placed.placement_group,
-                  startup_marks=marks)
+                  startup_marks=marks, sleep_level=sleep_level)
         if resume_from is not None:
             ray.get([rank.load_state.remote(str(resume_from)) for rank in learners])
             data.load_state_dict(trainer_state["data"])
@@ -546,6 +550,42 @@ def choose_transports(cfg: Config, learners: list[Any], rollouts: list[Any], fee
     ray.get([rollout.set_transport.remote(t) for rollout, t in zip(rollouts, transports)])
     on_gpus = all(w["on_gpu"] for w in wheres) and all(info.get("on_gpu") for info in infos)
     return transports, per_gpu, "nccl" if on_gpus else "gloo"
+
+
+AWAKE_DEVICE_SHARE = 0.9  # `rollout.keep_awake = auto`: vLLM's share + the learner's peak within this of the GPU
+
+
+def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]) -> tuple[int, str]:
+    """The engines' sleep level between rollout and training and why: `rollout.keep_awake` as set, or for `auto`
+    awake (0) when every engine is on a GPU and vLLM's share plus the learner's estimated peak fit within
+    AWAKE_DEVICE_SHARE of the device (always true under `rollout.gpu_memory_budget_gib`, which caps both)."""
+    from rlsys.memory import GIB, CONTEXT_BYTES, MemoryBudgetError, budget_split, job_estimate
+
+    r = cfg.rollout
+    if r.keep_awake != "auto":
+        return cfg.sleep_level(), f"rollout.keep_awake={str(r.keep_awake).lower()}"
+    if r.drop_rollout_state:
+        return cfg.sleep_level(), "rollout.drop_rollout_state"
+    devices = [i.get("device_bytes") for i in infos]
+    if not all(i.get("on_gpu") for i in infos) or not all(devices):
+        return cfg.sleep_level(), "keep_awake auto: engines not on a GPU"
+    device = min(devices)
+    try:
+        split = budget_split(cfg, model_path)
+        if split is not None:
+            return cfg.sleep_level(awake_fits=True), (
+                f"keep_awake auto: the {r.gpu_memory_budget_gib:g} GiB budget caps vLLM and the learner side by side")
+        learner = job_estimate(cfg, model_path).learner_bytes
+    except (MemoryBudgetError, OSError, KeyError, ValueError) as err:  # no estimate for this model: play safe
+        return cfg.sleep_level(), f"keep_awake auto: no memory estimate ({type(err).__name__}: {err})"
+    from rlsys.engines.vllm_engine import memory_fraction
+
+    engine = int(memory_fraction(None, device) * device) + CONTEXT_BYTES
+    need = learner + engine
+    fits = need <= AWAKE_DEVICE_SHARE * device
+    return cfg.sleep_level(awake_fits=fits), (
+        f"keep_awake auto: vLLM {engine / GIB:.1f} GiB + learner ~{learner / GIB:.1f} GiB estimated "
+        f"{'within' if fits else 'over'} {AWAKE_DEVICE_SHARE:.0%} of {device / GIB:.1f} GiB")
 
 
 def canary_sequence(model_path: str) -> tuple[list[int], list[int]]:

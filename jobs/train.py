@@ -43,7 +43,7 @@ def run_training(cfg: Config) -> Path:
             with timer("rollout"):
                 traj_refs, summaries = job.rollout(items, step)
             with timer("sleep"):
-                engine_stats = job.engines.sleep(level=cfg.sleep_level())
+                engine_stats = job.engines.sleep(level=job.sleep_level)
             with timer("train"):
                 stats = job.train(traj_refs, summaries)
             with timer("sync"):

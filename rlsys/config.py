@@ -84,11 +84,13 @@ class RolloutConfig(_Section):
     drop_rollout_state: bool = False
     """After rollout, sleep the engine at level 2 (drop weights and KV cache; the push restores them)
     instead of level 1 (offload weights, drop KV cache)."""
-    keep_awake: bool = False
+    keep_awake: bool | Literal["auto"] = "auto"
     """Skip the engine's sleep between rollout and training (and the wake after the push): vLLM keeps its weights
-    and KV cache while the learner trains, and the push writes into the awake weights. Saves the sleep and the
-    wake (0.10 s of a 2.8 s step of a 0.5B model on an H200); only where vLLM's share and the learner's peak fit
-    side by side, as they do under `gpu_memory_budget_gib` (which caps both)."""
+    and KV cache while the learner trains, and the push writes into the awake weights. On an H200 (0.5B model,
+    64 x 64 tokens) the step's non-compute share went 8.1% -> 4.3% (docs/performance.md). `auto`: awake on a GPU
+    where vLLM's share and the learner's estimated peak (rlsys/memory.py) fit side by side within 90% of the
+    device, as they always do under `gpu_memory_budget_gib` (which caps both); else sleep (level 1, or 2 with
+    `drop_rollout_state`). On CPU `auto` sleeps (nothing to free there)."""
     enforce_eager: bool = False
     """vLLM: no CUDA graphs / torch.compile (fast start, slower steady state)."""
     executor: Literal["auto", "ray"] = "auto"
@@ -300,7 +302,7 @@ class Config(_Section):
                 f"learner.mini_bs: {self.learner.mini_bs} does not divide a minibatch of {per_minibatch} "
                 f"trajectories (rollout.batch_size x rollout.n_samples / algo.n_minibatches; SFT: n_samples=1)"
             )
-        if r.keep_awake and r.drop_rollout_state:
+        if r.keep_awake is True and r.drop_rollout_state:
             raise ValueError("rollout.keep_awake: the engine never sleeps, so rollout.drop_rollout_state (sleep "
                              "level 2) cannot apply; set one of them")
         if c.world_size % c.tp_size:
@@ -314,10 +316,14 @@ class Config(_Section):
             raise ValueError("checkpoint.resume: empty; use never, auto or a checkpoint path")
         return self
 
-    def sleep_level(self) -> int:
-        """The engines' sleep level between rollout and training: 0 (`rollout.keep_awake`), 2
+    def sleep_level(self, awake_fits: bool = False) -> int:
+        """The engines' sleep level between rollout and training: 0 (`rollout.keep_awake`, or `auto` where
+        ``awake_fits``: the driver's memory check, `jobs.cluster.choose_sleep_level`), 2
         (`rollout.drop_rollout_state`) or 1."""
-        return 0 if self.rollout.keep_awake else 2 if self.rollout.drop_rollout_state else 1
+        r = self.rollout
+        if r.keep_awake is True or (r.keep_awake == "auto" and awake_fits and not r.drop_rollout_state):
+            return 0
+        return 2 if r.drop_rollout_state else 1
 
     def vllm_ray_executor(self) -> bool:
         """Whether a vLLM engine runs its workers as Ray actors in the placement group (`rollout.executor`)."""

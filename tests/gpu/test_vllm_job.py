@@ -1,7 +1,8 @@
 """The tic-tac-toe job on the GPU: Ray placement group, vLLM rollout actor, bf16 learner, CUDA IPC push.
 
-Three steps through `jobs.train.run_training`, as `rlsys train` runs them: every step sleeps the engine, trains,
-pushes by CUDA IPC (count checked), wakes it and runs the canary, which raises if the push went wrong.
+Three steps through `jobs.train.run_training`, as `rlsys train` runs them: every step sleeps the engine (level 1,
+level 2, or not at all: `awake`, what `rollout.keep_awake = auto` picks under the budget), trains, pushes by CUDA
+IPC (count checked), wakes it and runs the canary, which raises if the push went wrong.
 `ray`: the same with vLLM's Ray executor (`rollout.executor = "ray"`: the worker is a Ray actor in the job's
 placement group, beside the learner, fed a `PerGpuPayload`), the tensor-parallel path at tp_size 1.
 """
@@ -30,10 +31,11 @@ def ray_gpu():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("drop_rollout_state, executor", [(False, "auto"), (True, "auto"), (False, "ray")],
-                         ids=["sleep1", "sleep2", "ray"])
+@pytest.mark.parametrize("drop_rollout_state, executor, keep_awake", [
+    (False, "auto", "false"), (True, "auto", "auto"), (False, "ray", "auto"), (False, "auto", "auto")],
+    ids=["sleep1", "sleep2", "ray", "awake"])
 def test_three_tictactoe_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_path, drop_rollout_state, executor,
-                                                    capfd):
+                                                    keep_awake, capfd):
     from jobs.placement import BF16_CANARY_TOL
     from jobs.train import run_training
     from rlsys.config import load_config
@@ -45,14 +47,21 @@ def test_three_tictactoe_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_
         flags["--drop-rollout-state"] = True
     cfg = load_config(flags=flags, overrides=[
         "logging.progress=false", "data.num_items=64", "rollout.enforce_eager=true",
-        "rollout.gpu_memory_budget_gib=6.0", "rollout.max_model_len=1024", f"rollout.executor={executor}"])
+        "rollout.gpu_memory_budget_gib=6.0", "rollout.max_model_len=1024", f"rollout.executor={executor}",
+        f"rollout.keep_awake={keep_awake}"])
     run_dir = run_training(cfg)
+    out = capfd.readouterr().out
     if executor == "ray":  # the driver's transport line names the Ray worker fed by the rank on its GPU
-        assert "learner-0 -> rollout-0: cuda_ipc (1 vLLM Ray worker(s), each on a learner rank's GPU)" in capfd.readouterr().out
+        assert "learner-0 -> rollout-0: cuda_ipc (1 vLLM Ray worker(s), each on a learner rank's GPU)" in out
+    # keep_awake auto under a budget: awake (the budget caps both); sleep levels as asked otherwise
+    expected = ("sleep at level 2" if drop_rollout_state else "sleep at level 1" if keep_awake == "false"
+                else "stay awake")
+    assert f"rlsys: engines {expected} while the learner trains" in out
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
-    tag = "ray" if executor == "ray" else "sleep2" if drop_rollout_state else "sleep1"
+    tag = ("ray" if executor == "ray" else "sleep2" if drop_rollout_state else "sleep1" if keep_awake == "false"
+           else "awake")
     for r in rows:
         assert r["sync/tensors"] > 0
         assert r["sync/canary_logp_diff"] <= BF16_CANARY_TOL

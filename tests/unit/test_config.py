@@ -92,6 +92,10 @@ def test_sleep_level_and_executor_follow_the_rollout_settings():
     assert load_config().sleep_level() == 1 and not load_config().vllm_ray_executor()
     assert load_config(flags={"--drop-rollout-state": True}).sleep_level() == 2
     assert load_config(flags={"--keep-awake": True}).sleep_level() == 0
+    # keep_awake auto (the default): awake only where the driver's memory check passed
+    assert load_config().rollout.keep_awake == "auto" and load_config().sleep_level(awake_fits=True) == 0
+    assert load_config(flags={"--drop-rollout-state": True}).sleep_level(awake_fits=True) == 2
+    assert load_config(overrides=["rollout.keep_awake=false"]).sleep_level(awake_fits=True) == 1
     assert load_config(flags={"--world-size": "2", "--tp-size": "2"}).vllm_ray_executor()
     assert load_config(overrides=["rollout.executor=ray"]).vllm_ray_executor()
 

@@ -238,3 +238,25 @@ def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tm
     assert got == {"mem/learner_peak_allocated_gib": 6.0, "mem/learner_peak_reserved_gib": 7.0,
                    "mem/learner_resident_gib": 3.0, "mem/train_device_used_gib": 13.0}
     assert MemoryProbe(torch.device("cpu")).finish() == {}
+
+
+def test_keep_awake_auto_stays_awake_only_where_vllm_and_the_learner_fit_side_by_side(qwen15b_folder, tmp_path):
+    from jobs.cluster import choose_sleep_level
+    from rlsys.config import load_config
+
+    def cfg(*overrides, **flags):
+        return load_config(flags={"--ckpt": str(qwen15b_folder), "--run-dir": str(tmp_path / "r"), **flags},
+                           overrides=list(overrides))
+
+    gpu = lambda gib: [{"on_gpu": True, "device_bytes": int(gib * GIB)}]  # noqa: E731
+    level, why = choose_sleep_level(cfg(), str(qwen15b_folder), gpu(140))
+    assert level == 0 and "within 90% of 140.0 GiB" in why
+    level, why = choose_sleep_level(cfg(), str(qwen15b_folder), gpu(24))  # vLLM's 8 GiB third + a 1.5B learner
+    assert level == 1 and "over 90%" in why
+    level, why = choose_sleep_level(cfg(**{"--gpu-memory-budget-gib": "80"}), str(qwen15b_folder), gpu(96))
+    assert level == 0 and "budget caps vLLM and the learner" in why
+    assert choose_sleep_level(cfg(), str(qwen15b_folder), [{"on_gpu": False, "device_bytes": None}]) == (
+        1, "keep_awake auto: engines not on a GPU")
+    assert choose_sleep_level(cfg(**{"--drop-rollout-state": True}), str(qwen15b_folder), gpu(140))[0] == 2
+    assert choose_sleep_level(cfg("rollout.keep_awake=false"), str(qwen15b_folder), gpu(140))[0] == 1
+    assert choose_sleep_level(cfg(**{"--keep-awake": True}), str(qwen15b_folder), gpu(24))[0] == 0
