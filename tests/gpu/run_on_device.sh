@@ -2,8 +2,8 @@
 # Every GPU check of rlsys, each on its own (one failing does not hide the others), logs into $OUT.
 # On the GPU machine, after the gpu-site bundle is unpacked (../shared/device/README.md), from the repo root:
 #   bash tests/gpu/run_on_device.sh
-# Performance steps (docs/performance.md): startup, startup-eager, bench-step, bench-step-awake, bench-step-graphs,
-# bench-proxy, bench-sync15, budget-1.5b,
+# Performance steps (docs/performance.md): startup, startup-eager, bench-step, bench-step-sleep, bench-step-awake,
+# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
 set -u
@@ -35,16 +35,21 @@ step startup-eager ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model -
   python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager logging.progress=false \
   rollout.enforce_eager=true"
 # the step-time breakdown: 0.5B random, 64 episodes x 64 tokens per step, 8-bit Adam, 4 timed steps after 1 warm-up
-STEP_ARGS="--model qwen0.5b-random --cache $BENCH --steps 4 --random-reward rollout.batch_size=8 rollout.n_samples=8 \
-  rollout.max_new_tokens=64 learner.mini_bs=8 learner.adam_8bit=true rollout.max_model_len=512 logging.tensorboard=false"
+STEP_ARGS="--model qwen0.5b-random --cache $BENCH --steps 4 --random-reward"  # options first, overrides after
+STEP_SET="rollout.batch_size=8 rollout.n_samples=8 rollout.max_new_tokens=64 learner.mini_bs=8 learner.adam_8bit=true \
+  rollout.max_model_len=512 logging.tensorboard=false"
+# the job's defaults (rollout.keep_awake auto: awake on the H200), eager
 step bench-step ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT $STEP_ARGS --run-dir /tmp/rlsys-bench-step \
-  --out "$out/bench-step.json" rollout.enforce_eager=${STEP_EAGER:-true}
-# the same with the engine kept awake between phases (no sleep/wake: weights pushed into the awake engine)
+  --out "$out/bench-step.json" $STEP_SET rollout.enforce_eager=${STEP_EAGER:-true}
+# the engine put to sleep (level 1) between phases, as before keep_awake auto
+step bench-step-sleep ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT $STEP_ARGS --run-dir /tmp/rlsys-bench-sleep \
+  --out "$out/bench-step-sleep.json" $STEP_SET rollout.enforce_eager=true rollout.keep_awake=false
+# the engine kept awake between phases, explicitly (no sleep/wake: weights pushed into the awake engine)
 step bench-step-awake ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT $STEP_ARGS --run-dir /tmp/rlsys-bench-awake \
-  --out "$out/bench-step-awake.json" rollout.enforce_eager=true rollout.keep_awake=true
+  --out "$out/bench-step-awake.json" $STEP_SET rollout.enforce_eager=true rollout.keep_awake=true
 # awake, CUDA graphs + torch.compile (the steady-state side of the start-up choice), the canary every 4th push
 step bench-step-graphs ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT $STEP_ARGS --run-dir /tmp/rlsys-bench-graphs \
-  --out "$out/bench-step-graphs.json" rollout.enforce_eager=false rollout.keep_awake=true sync.canary_every=4
+  --out "$out/bench-step-graphs.json" $STEP_SET rollout.enforce_eager=false rollout.keep_awake=true sync.canary_every=4
 # direct vLLM generate vs the agent path, 16 prompts x 8 samples = 128 in flight, 128 tokens each
 step bench-proxy ${BENCH_PROXY_S:-300} python3 -m jobs.bench proxy $TTT --model qwen0.5b-random --cache $BENCH --rounds 3 \
   --env-workers ${PROXY_WORKERS:-auto,2} --out "$out/bench-proxy.json" rollout.batch_size=16 rollout.n_samples=8 rollout.max_new_tokens=128 \
