@@ -577,7 +577,8 @@ def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]
                 f"keep_awake auto: the {r.gpu_memory_budget_gib:g} GiB budget caps vLLM and the learner side by side")
         learner = job_estimate(cfg, model_path).learner_bytes
     except (MemoryBudgetError, OSError, KeyError, ValueError) as err:  # no estimate for this model: play safe
-        return cfg.sleep_level(), f"keep_awake auto: no memory estimate ({type(err).__name__}: {err})"
+        first = str(err).splitlines()[0] if str(err) else ""
+        return cfg.sleep_level(), f"keep_awake auto: no memory estimate ({type(err).__name__}: {first})"
     from rlsys.engines.vllm_engine import memory_fraction
 
     engine = int(memory_fraction(None, device) * device) + CONTEXT_BYTES

@@ -123,7 +123,7 @@ class StartupClock:
         began = [t["start_called_at"] for t in times if t.get("start_called_at")]
         if began:
             m["startup/engine_start_called_s"] = min(began) - self.t0
-        # the driver's milestones (Job.start): Ray up, the actors' processes up, engines ready, learner loaded
+        # the driver's milestones (Job.start): Ray up, the actors' processes up, engines ready, learner answered
         m.update({f"startup/{k}_s": v - self.t0 for k, v in self.job.startup_marks.items()})
         if firsts:
             m["startup/first_sample_s"] = min(firsts) - self.t0
@@ -140,7 +140,7 @@ class StartupClock:
 # the `startup/*` milestones in the order a job reaches them, as printed
 STARTUP_MILESTONES = [("job_start", "job start"), ("ray_ready", "Ray up"), ("actors_up", "actors up"),
                       ("engine_start_called", "engine start called"), ("engine_ready", "engine ready"),
-                      ("engines_ready", "engines seen by the driver"), ("learner_ready", "learner loaded"),
+                      ("engines_ready", "engines seen by the driver"), ("learner_ready", "learner answered"),
                       ("canary_passed", "canary passed"), ("first_sample", "first sampled token")]
 
 

@@ -87,7 +87,7 @@ class RolloutConfig(_Section):
     keep_awake: bool | Literal["auto"] = "auto"
     """Skip the engine's sleep between rollout and training (and the wake after the push): vLLM keeps its weights
     and KV cache while the learner trains, and the push writes into the awake weights. On an H200 (0.5B model,
-    64 x 64 tokens) the step's non-compute share went 8.1% -> 4.3% (docs/performance.md). `auto`: awake on a GPU
+    64 x 64 tokens) the step's non-compute share went 7.7% -> 4.1% (docs/performance.md). `auto`: awake on a GPU
     where vLLM's share and the learner's estimated peak (rlsys/memory.py) fit side by side within 90% of the
     device, as they always do under `gpu_memory_budget_gib` (which caps both); else sleep (level 1, or 2 with
     `drop_rollout_state`). On CPU `auto` sleeps (nothing to free there)."""
@@ -119,7 +119,8 @@ class EnvConfig(_Section):
     num_workers: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     """Env worker actors (CPU); each runs many agents concurrently. `auto`: half the CPUs of each engine's node,
     2 to 8 per node. Each worker's event loop runs its agents' OpenAI clients one request at a time (~2-4 ms
-    of CPU a request), so 2 workers with 64 episodes each delayed the last request by ~0.5 s at a step start."""
+    of CPU a request), so with 2 workers x 64 episodes the last request of a step reached the engine up to
+    ~1 s after the first (2-core box; docs/performance.md, section 2)."""
     max_concurrency: int = Field(64, ge=1)
     """Concurrent agent episodes per env worker."""
     agent_timeout_s: float = Field(120.0, gt=0)
