@@ -40,8 +40,13 @@ class EnvWorker:
         self.reward_timeout_s = reward_timeout_s
         self._clients: dict[tuple[str, str], Any] = {}
         self._tokenizers: dict[str, Any] = {}
-        import httpx  # noqa: F401  (here, while the engines build, not in the first episode: ~1 s on a cold disk)
-        import openai  # noqa: F401
+        # here, while the engines build, not in the first episode: the imports (~1 s here) and the client's lazily
+        # loaded chat resource and response types (the first call took 0.14 s against 0.06 s after this)
+        import httpx  # noqa: F401
+        import openai
+        from openai.types.chat import ChatCompletion  # noqa: F401
+
+        openai.AsyncOpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1", max_retries=0).chat.completions
 
     def _client(self, base_url: str, token: str, session_id: str, attempt: str):
         import httpx
