@@ -190,6 +190,8 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         out.update({"time/learner_fetch": t1 - t0, "time/learner_compute": time.perf_counter() - t1, **probe.finish()})
+        if self.world_size > 1:  # the driver compares the ranks' (they must stay bit-equal)
+            out["train/weights_digest"] = weights_digest(self.params)  # outside learner_compute: one pass
         return out
 
     def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
@@ -524,6 +526,16 @@ class MemoryProbe:
 
 
 # --- batching helpers --------------------------------------------------------------------------
+@torch.no_grad()
+def weights_digest(params: Sequence[torch.Tensor]) -> float:
+    """A float64 fingerprint of weights (every parameter's sum plus its sum of squares, accumulated in float64
+    without float64 copies): equal for bit-equal weights, moved by a single changed element."""
+    total = torch.zeros((), dtype=torch.float64, device=params[0].device if params else "cpu")
+    for p in params:
+        total += p.sum(dtype=torch.float64) + torch.linalg.vector_norm(p, dtype=torch.float64) ** 2
+    return float(total)
+
+
 def _resolve(items: Sequence[Any]) -> list[Trajectory]:
     if items and not isinstance(items[0], Trajectory):
         import ray  # only on the Ray path: ObjectRefs from the env workers

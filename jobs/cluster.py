@@ -447,7 +447,15 @@ class Job:
             print(f"rlsys: WARNING step skipped: {failed:.0%} of trajectories failed "
                   f"(env.max_failed_frac={self.cfg.env.max_failed_frac})", flush=True)
             return {"train/skipped_batch": 1.0}
-        stats = ray.get([rank.train.remote(traj_refs) for rank in self.learners])[0]  # rank 0's view
+        per_rank = ray.get([rank.train.remote(traj_refs) for rank in self.learners])
+        stats = per_rank[0]  # rank 0's view
+        digests = [r.pop("train/weights_digest") for r in per_rank if "train/weights_digest" in r]
+        if len(digests) > 1:  # data parallel: every rank took the same step, so the weights must be bit-equal
+            spread = max(abs(d - digests[0]) for d in digests)
+            stats["train/rank_weight_spread"] = spread
+            if spread:
+                print(f"rlsys: WARNING learner ranks' weights differ after this step (digests {digests}): "
+                      "a rank missed a gradient all-reduce or an optimizer step", flush=True)
         return {**stats, "train/skipped_batch": 0.0}
 
     # --- checkpoints (weights; the full resumable state arrives with the reliability work) --

@@ -57,6 +57,7 @@ def test_world_size_two_places_trains_and_keeps_weights_equal(two_nodes, tmp_pat
             job.engines.sleep(level=1)
             stats = job.train(refs, summaries)
             assert stats["train/skipped_steps"] == 0 and stats["train/optimizer_steps"] == step + 1
+            assert stats["train/rank_weight_spread"] == 0.0 and "train/weights_digest" not in stats
             job.weights.push()
             job.engines.wake()
             job.weights.check_canary()

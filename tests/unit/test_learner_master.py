@@ -58,3 +58,17 @@ def test_fp32_master_scores_like_the_bf16_model(tmp_path, tiny_model_path):
     plain = Learner(job_config(tmp_path, "model.dtype=bfloat16"), tiny_model_path)
     a, b = master.score(prompt, continuation), plain.score(prompt, continuation)
     assert max(abs(x - y) for x, y in zip(a, b)) < 0.05
+
+
+def test_weights_digest_is_equal_for_equal_weights_and_moves_with_one_element():
+    from actors.learner import weights_digest
+
+    torch.manual_seed(0)
+    a = [torch.randn(64, 32).to(torch.bfloat16), torch.randn(1000)]
+    b = [t.clone() for t in a]
+    assert weights_digest(a) == weights_digest(b)
+    b[0].view(-1)[17] += 0.125  # one bf16 element of 3048 values
+    assert not torch.equal(a[0], b[0]) and weights_digest(b) != weights_digest(a)
+    b = [t.clone() for t in a]
+    b[1][3] = -b[1][3]  # a sign flip: the sum moves, the sum of squares does not
+    assert weights_digest(b) != weights_digest(a)
