@@ -309,18 +309,60 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
     overrides = ["logging.progress=false"] + (["env.reward_fn_path=jobs.bench:random_reward"] if args.random_reward else [])
     cfg = load_config(args.config, flags=flags, overrides=overrides + list(args.overrides))
     t0 = time.perf_counter()
-    run_training(cfg)
+    with GpuPeakSampler() as gpus:
+        run_training(cfg)
     wall = time.perf_counter() - t0
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
     out = summarize_steps(rows, args.warmup)
     r = cfg.rollout
     out.update({"config": args.config, "model": cfg.model.ckpt, "run_dir": run_dir, "wall_s": wall,
+                "layout": {"world_size": cfg.cluster.world_size, "tp_size": cfg.cluster.tp_size,
+                           "enforce_eager": r.enforce_eager, "keep_awake": r.keep_awake},
+                "gpu_peak_gib": gpus.peaks_gib(),
                 "budget_gib": r.gpu_memory_budget_gib, "episodes_per_step": r.batch_size * r.n_samples,
                 "per_step": [{k: v for k, v in row.items() if k.split("/")[0] in ("step", "time", "mem", "perf")}
                              for row in rows]})
     if out["memory_gib"] and r.gpu_memory_budget_gib:
         out["under_budget"] = out["memory_gib"]["peak_total"] <= r.gpu_memory_budget_gib
     return out
+
+
+class GpuPeakSampler:
+    """Every visible GPU's peak device memory in use (NVML, all processes) while the block runs, sampled every
+    ``interval_s`` in a thread: per GPU, for runs over several GPUs (`python -m jobs.bench compare`). Without
+    NVML or a GPU, ``peaks_gib()`` is None."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        import threading
+
+        self.interval_s, self._stop, self._peaks = interval_s, threading.Event(), None
+        self._thread = threading.Thread(target=self._run, name="rlsys-gpu-sampler", daemon=True)
+
+    def __enter__(self) -> "GpuPeakSampler":
+        try:
+            import pynvml  # nvidia-ml-py, a vLLM dependency
+
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._nvml = pynvml
+        except Exception:  # no NVML library, no driver, no GPU: nothing to sample
+            return self
+        self._peaks = [0] * len(self._handles)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for i, h in enumerate(self._handles):
+                self._peaks[i] = max(self._peaks[i], self._nvml.nvmlDeviceGetMemoryInfo(h).used)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def peaks_gib(self) -> list[float] | None:
+        return None if not self._peaks else [b / GIB for b in self._peaks]
 
 
 def print_step_table(r: dict[str, Any]) -> None:
@@ -348,6 +390,59 @@ def print_step_table(r: dict[str, Any]) -> None:
         print("GPU memory: null (no GPU)")
     if r["startup"]:
         print("startup (s after process start): " + ", ".join(f"{k} {v:.1f}" for k, v in r["startup"].items()))
+
+
+def compare_table(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """`bench step` results side by side (medians over the timed steps), the throughputs also as a multiple of
+    the first run's: the table of a scale-out comparison (one GPU, world_size 2, tp_size 2)."""
+
+    def med(r: dict[str, Any], *phases: str) -> float | None:
+        vals = [(r["phases"].get(p) or {}).get("median") for p in phases]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    def tps(r: dict[str, Any]) -> float | None:
+        return (r.get("tokens_per_s_rollout") or {}).get("median")
+
+    def steps_per_s(r: dict[str, Any]) -> float | None:
+        step = med(r, "step")
+        return 1.0 / step if step else None
+
+    def peaks(r: dict[str, Any]) -> str:
+        per_gpu = r.get("gpu_peak_gib")
+        if per_gpu:
+            return " / ".join(f"{g:.1f}" for g in per_gpu)
+        mem = r.get("memory_gib") or {}
+        return f"{mem['peak_total']:.1f}" if "peak_total" in mem else "-"
+
+    def layout(r: dict[str, Any]) -> str:
+        lay = r.get("layout") or {}
+        return f"{lay.get('world_size', '?')} x tp {lay.get('tp_size', '?')}"
+
+    def num(v: float | None, spec: str) -> str:
+        return "-" if v is None else spec.format(v)
+
+    def ratio(f, r: dict[str, Any]) -> str:
+        base, v = f(runs[0][1]), f(r)
+        return "" if base in (None, 0) or v is None else f" ({v / base:.2f}x)"
+
+    rows = [
+        ("GPUs (world size x tp)", lambda r: layout(r)),
+        ("steps/s", lambda r: num(steps_per_s(r), "{:.3f}") + ratio(steps_per_s, r)),
+        ("rollout tokens/s", lambda r: num(tps(r), "{:.0f}") + ratio(tps, r)),
+        ("step s", lambda r: num(med(r, "step"), "{:.3f}")),
+        ("  generation", lambda r: num(med(r, "generation"), "{:.3f}")),
+        ("  agent/reward/proxy", lambda r: num(med(r, "agent/reward/proxy"), "{:.3f}")),
+        ("  learner compute", lambda r: num(med(r, "  learner compute"), "{:.3f}")),
+        ("  refit (push)", lambda r: num(med(r, "push"), "{:.4f}")),
+        ("  sleep + wake", lambda r: num(med(r, "sleep", "wake"), "{:.4f}")),
+        ("  canary", lambda r: num(med(r, "canary"), "{:.4f}")),
+        ("overhead (median)", lambda r: num((r.get("overhead_frac") or {}).get("median"), "{:.3f}")),
+        ("peak GiB per GPU", peaks),
+    ]
+    names = [n for n, _ in runs]
+    lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    lines += ["| " + label + " | " + " | ".join(f(r) for _, r in runs) + " |" for label, f in rows]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ proxy: direct engine vs the agent path
@@ -518,12 +613,26 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     sync.add_argument("--cache", default="/tmp/rlsys-bench", help="where model folders are built")
     sync.add_argument("--out", help="write the results as JSON here")
+    cmp = sub.add_parser("compare", help="`step` results side by side (a scale-out table, markdown)")
+    cmp.add_argument("runs", nargs="+", metavar="NAME=FILE.json", help="bench step JSONs; the first is the baseline")
     build = sub.add_parser("model", help="build a named bench model; prints its folder")
     build.add_argument("--model", required=True, help=models)
     build.add_argument("--cache", default="/tmp/rlsys-bench")
     args = parser.parse_args(argv)
     if args.command == "model":
         print(model_folder(args.model, Path(args.cache)))
+        return 0
+    if args.command == "compare":
+        runs = []
+        for spec in args.runs:
+            name, sep, path = spec.partition("=")
+            if not sep or not name or not path:
+                parser.error(f"compare: {spec!r} is not NAME=FILE.json")
+            try:
+                runs.append((name, json.loads(Path(path).read_text())))
+            except (OSError, ValueError) as err:
+                parser.error(f"compare: {path}: {err}")
+        print(compare_table(runs))
         return 0
     if args.command == "proxy-cpu":
         result = bench_proxy_cpu(args)
