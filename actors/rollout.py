@@ -164,19 +164,21 @@ class RolloutWorker:
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         gpu_ids = [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
         workers = []  # vLLM: each worker's GPU uuid and node (its own process, or a Ray actor of its own)
-        device_bytes = None  # vLLM: the GPU's total memory (the driver's `rollout.keep_awake = auto` check)
-        if self._engine_kind == "vllm":
+        device_bytes = engine_bytes = None  # vLLM: the GPU's memory and vLLM's share of it, with its CUDA context
+        if self._engine_kind == "vllm":  # (the driver's `rollout.keep_awake = auto` check)
             from rlsys.engines.vllm_engine import device_total_bytes
+            from rlsys.memory import CONTEXT_BYTES
 
             workers = [{**w, "node_id": w.get("node_id") or node_id} for w in await self.engine.worker_devices()]
             device_bytes = device_total_bytes()
+            engine_bytes = int(self.engine.memory_fraction * device_bytes) + CONTEXT_BYTES
         # "on_gpu": the engine's weights live on a GPU (vLLM); with "node_id" and Ray's "gpu_ids" (or, for
         # vLLM's Ray executor, "workers") the driver picks the weight transport (jobs/placement.py) and calls
         # `set_transport`
         return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self._transport_name,
                 "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm", "workers": workers,
                 "ray_executor": self._engine_kind == "vllm" and self.cfg.vllm_ray_executor(),
-                "device_bytes": device_bytes}
+                "device_bytes": device_bytes, "engine_bytes": engine_bytes}
 
     async def node_id(self) -> str | None:
         """This actor's Ray node (answers before `start`, which blocks the actor's loop while the engine builds)."""

@@ -567,17 +567,17 @@ def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]
     """The engines' sleep level between rollout and training and why: `rollout.keep_awake` as set, or for `auto`
     awake (0) when every engine is on a GPU and vLLM's share plus the learner's estimated peak fit within
     AWAKE_DEVICE_SHARE of the device (always true under `rollout.gpu_memory_budget_gib`, which caps both)."""
-    from rlsys.memory import GIB, CONTEXT_BYTES, MemoryBudgetError, budget_split, job_estimate
+    from rlsys.memory import GIB, MemoryBudgetError, budget_split, job_estimate
 
     r = cfg.rollout
     if r.keep_awake != "auto":
         return cfg.sleep_level(), f"rollout.keep_awake={str(r.keep_awake).lower()}"
     if r.drop_rollout_state:
         return cfg.sleep_level(), "rollout.drop_rollout_state"
-    devices = [i.get("device_bytes") for i in infos]
-    if not all(i.get("on_gpu") for i in infos) or not all(devices):
+    if not all(i.get("on_gpu") and i.get("device_bytes") and i.get("engine_bytes") for i in infos):
         return cfg.sleep_level(), "keep_awake auto: engines not on a GPU"
-    device = min(devices)
+    device = min(i["device_bytes"] for i in infos)
+    engine = max(i["engine_bytes"] for i in infos)  # what each engine was given (actors/rollout.py)
     try:
         split = budget_split(cfg, model_path)
         if split is not None:
@@ -587,9 +587,6 @@ def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]
     except (MemoryBudgetError, OSError, KeyError, ValueError) as err:  # no estimate for this model: play safe
         first = str(err).splitlines()[0] if str(err) else ""
         return cfg.sleep_level(), f"keep_awake auto: no memory estimate ({type(err).__name__}: {first})"
-    from rlsys.engines.vllm_engine import memory_fraction
-
-    engine = int(memory_fraction(None, device) * device) + CONTEXT_BYTES
     need = learner + engine
     fits = need <= AWAKE_DEVICE_SHARE * device
     return cfg.sleep_level(awake_fits=fits), (

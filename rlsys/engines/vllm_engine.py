@@ -169,6 +169,7 @@ class VLLMEngine(Engine):
             distributed_executor_backend="ray" if ray_executor else None,
         )
         llm = AsyncLLM.from_engine_args(args)
+        self.memory_fraction = gpu_memory_utilization  # the device share vLLM was given (the driver reads it)
         self._attach(
             llm, max_model_len=int(llm.model_config.max_model_len),
             vocab_size=int(AutoConfig.from_pretrained(model_path).get_text_config().vocab_size),

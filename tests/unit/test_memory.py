@@ -248,7 +248,11 @@ def test_keep_awake_auto_stays_awake_only_where_vllm_and_the_learner_fit_side_by
         return load_config(flags={"--ckpt": str(qwen15b_folder), "--run-dir": str(tmp_path / "r"), **flags},
                            overrides=list(overrides))
 
-    gpu = lambda gib: [{"on_gpu": True, "device_bytes": int(gib * GIB)}]  # noqa: E731
+    from rlsys.memory import CONTEXT_BYTES
+
+    # what a rollout actor reports: the device and vLLM's default third of it plus its CUDA context
+    gpu = lambda gib: [{"on_gpu": True, "device_bytes": int(gib * GIB),  # noqa: E731
+                        "engine_bytes": int(gib * GIB / 3) + CONTEXT_BYTES}]
     level, why = choose_sleep_level(cfg(), str(qwen15b_folder), gpu(140))
     assert level == 0 and "within 90% of 140.0 GiB" in why
     level, why = choose_sleep_level(cfg(), str(qwen15b_folder), gpu(24))  # vLLM's 8 GiB third + a 1.5B learner
