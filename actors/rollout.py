@@ -45,8 +45,9 @@ def engine_dtype(cfg: Config) -> str:
     return "bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype
 
 
-def build_engine(cfg: Config, model_path: str):
-    """The engine `rollout.engine` asks for; vLLM's memory share comes from `rollout.gpu_memory_budget_gib`."""
+def build_engine(cfg: Config, model_path: str, process_context: Any = None):
+    """The engine `rollout.engine` asks for; vLLM's memory share comes from `rollout.gpu_memory_budget_gib`,
+    its engine-core process from ``process_context`` (`start_engine_core_server`) when given."""
     r = cfg.rollout
     kind = resolve_engine_kind(cfg)
     if kind == "vllm":
@@ -54,7 +55,8 @@ def build_engine(cfg: Config, model_path: str):
                            dtype=engine_dtype(cfg), gpu_memory_utilization=engine_memory_fraction(cfg, model_path),
                            max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True,
                            kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30),
-                           tensor_parallel_size=cfg.cluster.tp_size, ray_executor=cfg.vllm_ray_executor())
+                           tensor_parallel_size=cfg.cluster.tp_size, ray_executor=cfg.vllm_ray_executor(),
+                           process_context=process_context)
     return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed, num_threads=r.engine_threads)
 
 
@@ -135,16 +137,21 @@ class RolloutWorker:
     async def start(self) -> dict[str, Any]:
         """Build the engine and start the proxy inside this event loop; returns how agents reach it."""
         began = time.time()
+        self._engine_kind = resolve_engine_kind(self.cfg)
+        process_context = None
+        if self._engine_kind == "vllm" and self.cfg.rollout.engine_process == "forkserver":
+            from rlsys.engines.vllm_engine import start_engine_core_server
+
+            process_context = start_engine_core_server()  # imports vLLM for the engine core while we do too
         from transformers import AutoTokenizer
 
         from rlsys.proxy.server import ProxyServer, create_app
 
-        self.engine = build_engine(self.cfg, self.model_path)
+        self.engine = build_engine(self.cfg, self.model_path, process_context)
         self.clock = EngineClock(self.engine)
         # engine_build_s: the imports above and the engine's constructor
         self._startup = {"start_called_at": began, "engine_build_s": time.time() - began,
                          "engine_ready_at": time.time()}
-        self._engine_kind = resolve_engine_kind(self.cfg)
         if self._transport_name == "auto":
             self._transport_name = "cuda_ipc" if self._engine_kind == "vllm" else "object_store"
         self.transport = make_transport(self._transport_name)

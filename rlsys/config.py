@@ -93,6 +93,11 @@ class RolloutConfig(_Section):
     `drop_rollout_state`). On CPU `auto` sleeps (nothing to free there)."""
     enforce_eager: bool = False
     """vLLM: no CUDA graphs / torch.compile (fast start, slower steady state)."""
+    engine_process: Literal["forkserver", "spawn"] = "forkserver"
+    """vLLM: how the engine-core process starts inside the rollout actor. `forkserver`: a fork server started
+    before the actor imports vLLM imports torch and vLLM meanwhile, and the engine core is forked from it
+    (rlsys/engines/vllm_engine.py). `spawn`: vLLM's own way in a Ray actor, a fresh interpreter that imports them
+    again after the actor did (~15 s more of an eager start on an H200; docs/performance.md, section 5)."""
     executor: Literal["auto", "ray"] = "auto"
     """vLLM's workers: `auto` = in the rollout actor's engine process with `cluster.tp_size` 1, Ray actors in the
     job's placement group (vLLM's Ray executor, one worker per GPU bundle of the engine) with tp_size > 1.

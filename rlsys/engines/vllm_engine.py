@@ -25,8 +25,11 @@ module (and its helpers) import on machines without vLLM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+import multiprocessing.context
+import multiprocessing.forkserver
 import os
 import pickle
 import secrets
@@ -84,6 +87,73 @@ def memory_fraction(budget_gib: float | None, total_bytes: int, *, default_share
     return fraction
 
 
+# ------------------------------------------------------------------ the engine-core process (no vLLM needed)
+# vLLM's AsyncLLM runs its engine core in a process of its own, and inside a Ray actor vLLM spawns it ("In a Ray
+# actor and can only be spawned"): a fresh interpreter that imports torch and vLLM again after the actor did,
+# ~15 s of an eager start on an H200 (docs/performance.md, section 5). A fork server started before the actor
+# imports vLLM imports them meanwhile, in parallel; the engine core is then forked from it, already imported.
+# Forking the server (a clean interpreter: no Ray threads, no CUDA) is as safe as spawning; a plain fork of the
+# actor, which is what vLLM refuses, never happens.
+ENGINE_CORE_PRELOAD = ("vllm.v1.engine.core", "vllm.v1.engine.async_llm", "rlsys.engines.vllm_engine")
+
+
+class EnvironForkServerProcess(multiprocessing.context.ForkServerProcess):
+    """A fork-server child that runs with its parent's environment of the moment it was started, as a spawned
+    one would: forked from the server, it would otherwise have the server's, from before vLLM set its own
+    variables (RAY_ADDRESS, VLLM_WORKER_MULTIPROC_METHOD, ...) in the parent."""
+
+    def start(self) -> None:
+        self._parent_environ = dict(os.environ)  # pickled with the process object, read in `run`
+        super().start()
+
+    def run(self) -> None:
+        environ = getattr(self, "_parent_environ", None)
+        if environ is not None:
+            os.environ.clear()
+            os.environ.update(environ)
+        super().run()
+
+
+class EngineCoreContext(multiprocessing.context.ForkServerContext):
+    Process = EnvironForkServerProcess
+
+
+def start_engine_core_server(preload: Iterable[str] = ENGINE_CORE_PRELOAD) -> EngineCoreContext:
+    """Start the fork server (it imports ``preload`` in the background; this returns at once). Call it before
+    importing vLLM, with the environment the engine core should have (CUDA_VISIBLE_DEVICES, PYTHONPATH)."""
+    ctx = EngineCoreContext()
+    ctx.set_forkserver_preload(list(preload))
+    multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
+@contextlib.contextmanager
+def engine_core_from(ctx: multiprocessing.context.BaseContext | None, engine_utils: Any = None):
+    """While building an AsyncLLM: vLLM starts its engine-core process from ``ctx`` (None: vLLM's own choice).
+    vLLM's `get_mp_context` still runs first, for what it sets in the environment. ``engine_utils``: the module
+    whose `get_mp_context` to replace (vllm.v1.engine.utils; tests pass a stand-in)."""
+    if ctx is None:
+        yield
+        return
+    if engine_utils is None:
+        import vllm.v1.engine.utils as engine_utils  # noqa: PLC0415
+    original = getattr(engine_utils, "get_mp_context", None)
+    if original is None:  # a vLLM that launches its engine core differently: leave it be
+        log.warning("vllm.v1.engine.utils has no get_mp_context; the engine core starts vLLM's way")
+        yield
+        return
+
+    def get_mp_context() -> multiprocessing.context.BaseContext:
+        original()  # vLLM's checks and environment (RAY_ADDRESS inside a Ray actor), carried to the child
+        return ctx
+
+    engine_utils.get_mp_context = get_mp_context
+    try:
+        yield
+    finally:
+        engine_utils.get_mp_context = original
+
+
 # ------------------------------------------------------------------ output helpers (no vLLM needed)
 def logprob_of(entry: Any, token_id: int) -> float:
     """The logprob of ``token_id`` in one position of vLLM's logprobs (a dict of token id -> Logprob,
@@ -139,10 +209,13 @@ class VLLMEngine(Engine):
         kv_cache_bytes: int | None = None,
         tensor_parallel_size: int = 1,
         ray_executor: bool = False,
+        process_context: multiprocessing.context.BaseContext | None = None,
     ) -> None:
         """``ray_executor``: vLLM's workers as Ray actors (`distributed_executor_backend="ray"`), in the placement
         group of the Ray actor building this engine, on the bundles of `VLLM_RAY_BUNDLE_INDICES` with
-        `VLLM_RAY_PER_WORKER_GPUS` of each (jobs/placement.py sets both in the actor's environment)."""
+        `VLLM_RAY_PER_WORKER_GPUS` of each (jobs/placement.py sets both in the actor's environment).
+        ``process_context``: where the engine-core process comes from (`start_engine_core_server`; None: spawned
+        or forked as vLLM decides)."""
         from transformers import AutoConfig  # noqa: PLC0415
         from vllm import AsyncEngineArgs  # noqa: PLC0415
 
@@ -168,7 +241,8 @@ class VLLMEngine(Engine):
             tensor_parallel_size=tensor_parallel_size,
             distributed_executor_backend="ray" if ray_executor else None,
         )
-        llm = AsyncLLM.from_engine_args(args)
+        with engine_core_from(process_context):
+            llm = AsyncLLM.from_engine_args(args)
         self.memory_fraction = gpu_memory_utilization  # the device share vLLM was given (the driver reads it)
         self._attach(
             llm, max_model_len=int(llm.model_config.max_model_len),

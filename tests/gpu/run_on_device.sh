@@ -2,7 +2,7 @@
 # Every GPU check of rlsys, each on its own (one failing does not hide the others), logs into $OUT.
 # On the GPU machine, after the gpu-site bundle is unpacked (../shared/device/README.md), from the repo root:
 #   bash tests/gpu/run_on_device.sh
-# Performance steps (docs/performance.md): startup, startup-eager, bench-step, bench-step-sleep, bench-step-awake,
+# Performance steps (docs/performance.md): compile, startup, startup-eager, startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
 # bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
@@ -28,12 +28,20 @@ step gpu-job ${JOB_S:-240} python3 -m pytest -m gpu tests/gpu/test_vllm_job.py -
 # --- performance (docs/performance.md); each step well under 4 minutes on an H200 ---
 BENCH=/tmp/rlsys-bench  # the random Qwen2.5-shaped models are built here once (python -m jobs.bench model)
 TTT="--config configs/tictactoe-tiny-cpu.toml"
+# what `pip install` does and the packed wheel set skipped (pack.sh installs with --no-compile): byte-compile the
+# site once, so that a fresh machine's first start-up measures vLLM's start and not CPython compiling 15k modules
+step compile ${COMPILE_S:-300} bash -c "python3 -m compileall -q -j 0 /tmp/gpu-site/site > /dev/null; \
+  find /tmp/gpu-site/site -name '*.pyc' | wc -l"
 # start-up from `rlsys train` to the first sampled token, cold: CUDA graphs + torch.compile (the default), then eager
 step startup ${STARTUP_S:-280} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
   python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup logging.progress=false"
 step startup-eager ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
   python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager logging.progress=false \
   rollout.enforce_eager=true"
+# eager again, with the engine core spawned (vLLM's own way in a Ray actor) instead of forked from rlsys's server
+step startup-eager-spawn ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
+  python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager-spawn logging.progress=false \
+  rollout.enforce_eager=true rollout.engine_process=spawn"
 # the step-time breakdown: 0.5B random, 64 episodes x 64 tokens per step, 8-bit Adam, 4 timed steps after 1 warm-up
 STEP_ARGS="--model qwen0.5b-random --cache $BENCH --steps 4 --random-reward"  # options first, overrides after
 STEP_SET="rollout.batch_size=8 rollout.n_samples=8 rollout.max_new_tokens=64 learner.mini_bs=8 learner.adam_8bit=true \
@@ -61,7 +69,7 @@ step budget-1.5b ${BUDGET_S:-280} python3 -m jobs.bench step $TTT --model qwen1.
   --random-reward --run-dir /tmp/rlsys-budget --out "$out/budget-1.5b.json" rollout.gpu_memory_budget_gib=24 \
   rollout.batch_size=8 rollout.n_samples=8 rollout.max_new_tokens=64 learner.mini_bs=2 learner.adam_8bit=true \
   model.gradient_checkpointing=true rollout.max_model_len=512 rollout.enforce_eager=true logging.tensorboard=false
-for f in /tmp/rlsys-startup/metrics.jsonl /tmp/rlsys-startup-eager/metrics.jsonl; do
+for f in /tmp/rlsys-startup/metrics.jsonl /tmp/rlsys-startup-eager/metrics.jsonl /tmp/rlsys-startup-eager-spawn/metrics.jsonl; do
   [ -f "$f" ] && cp "$f" "$out/$(basename "$(dirname "$f")")-metrics.jsonl"
 done
 nvidia-smi --query-gpu=memory.used --format=csv >> "$out/summary.log" 2>&1
