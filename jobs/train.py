@@ -125,6 +125,11 @@ class StartupClock:
             m["startup/engine_start_called_s"] = min(began) - self.t0
         # the driver's milestones (Job.start): Ray up, the actors' processes up, engines ready, learner answered
         m.update({f"startup/{k}_s": v - self.t0 for k, v in self.job.startup_marks.items()})
+        from rlsys import prefetch
+
+        if prefetch.last_run is not None and prefetch.last_run.done_at is not None:
+            m["startup/prefetch_done_s"] = prefetch.last_run.done_at - self.t0
+            m["startup/prefetch_gib"] = prefetch.last_run.bytes / 2**30
         if firsts:
             m["startup/first_sample_s"] = min(firsts) - self.t0
         first = f"{m['startup/first_sample_s']:.1f} s" if firsts else "-"
@@ -132,6 +137,7 @@ class StartupClock:
               f"{m['startup/engine_ready_s']:.1f} s and first sampled token {first} after the process started",
               flush=True)
         steps = [(label, m.get(f"startup/{key}_s")) for key, label in STARTUP_MILESTONES]
+        steps.append(("libraries prefetched", m.get("startup/prefetch_done_s")))  # in parallel with the rest
         print("rlsys: startup: " + ", ".join(f"{label} {v:.1f}" for label, v in steps if v is not None)
               + " (s after the process started)", flush=True)
         return m
@@ -200,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     add_config_args(parser)
     args = parser.parse_args(argv)
     try:
-        run_training(config_from_args(args))
+        cfg = config_from_args(args)
+        from rlsys import prefetch
+
+        prefetch.start_for(cfg)  # `ray job submit`'s entry point: the same prefetch as `rlsys train`'s
+        run_training(cfg)
     except UserInputError as err:
         print(f"rlsys: {err}", file=sys.stderr)
         return 2

@@ -234,6 +234,10 @@ class ClusterConfig(_Section):
     """CPUs of an embedded local Ray (unset = all)."""
     cpus_per_bundle: int = Field(1, ge=0)
     """CPUs reserved with each GPU bundle."""
+    prefetch: bool | Literal["auto"] = "auto"
+    """Read torch's, vLLM's, Ray's and the CUDA libraries' files (and a local model's) into the page cache on 8
+    threads as the job starts, before anything imports them (rlsys/prefetch.py): a fresh machine's imports read
+    them one at a time from a cold disk. `auto`: on a machine with an NVIDIA GPU; off on CPU boxes."""
 
 
 class EvalConfig(_Section):

@@ -127,31 +127,80 @@ def start_engine_core_server(preload: Iterable[str] = ENGINE_CORE_PRELOAD) -> En
     return ctx
 
 
+def run_pickled(payload: bytes, output_path: str) -> None:
+    """A fork-server child's body for vLLM's model-registry probe: what `python -m
+    vllm.model_executor.models.registry` does with the same cloudpickled function."""
+    import cloudpickle  # noqa: PLC0415 (a vLLM dependency)
+
+    try:
+        from vllm.plugins import load_general_plugins  # noqa: PLC0415
+    except ImportError:  # only a test runs this without vLLM
+        pass
+    else:
+        load_general_plugins()
+    fn = cloudpickle.loads(payload)
+    with open(output_path, "wb") as f:
+        pickle.dump(fn(), f)
+
+
+def probe_in(ctx: multiprocessing.context.BaseContext):
+    """vLLM's `_run_in_subprocess` (its model registry inspects a model class away from the CUDA-free parent,
+    ~17 s on a fresh machine, where its cache ~/.cache/vllm/modelinfos is empty: a fresh interpreter importing
+    torch and vLLM), run in a child of the fork server instead, which has them imported."""
+    def run_in_subprocess(fn: Any) -> Any:
+        import tempfile  # noqa: PLC0415
+
+        import cloudpickle  # noqa: PLC0415
+
+        with tempfile.TemporaryDirectory() as tmp:
+            output = os.path.join(tmp, "registry_output.tmp")
+            child = ctx.Process(target=run_pickled, args=(cloudpickle.dumps(fn), output), name="vllm-registry-probe")
+            child.start()
+            child.join()
+            if child.exitcode != 0:
+                raise RuntimeError(f"vLLM's model-registry probe failed in a fork-server child (exit code "
+                                   f"{child.exitcode}; its traceback is in this actor's log)")
+            with open(output, "rb") as f:
+                return pickle.load(f)
+
+    return run_in_subprocess
+
+
 @contextlib.contextmanager
-def engine_core_from(ctx: multiprocessing.context.BaseContext | None, engine_utils: Any = None):
-    """While building an AsyncLLM: vLLM starts its engine-core process from ``ctx`` (None: vLLM's own choice).
-    vLLM's `get_mp_context` still runs first, for what it sets in the environment. ``engine_utils``: the module
-    whose `get_mp_context` to replace (vllm.v1.engine.utils; tests pass a stand-in)."""
+def engine_core_from(ctx: multiprocessing.context.BaseContext | None, engine_utils: Any = None,
+                     registry: Any = None):
+    """While building an AsyncLLM: vLLM starts its engine-core process, and runs its model-registry probe, in
+    children of ``ctx`` (None: vLLM's own way). vLLM's `get_mp_context` still runs first, for what it sets in the
+    environment. ``engine_utils``, ``registry``: the modules whose `get_mp_context` and `_run_in_subprocess` to
+    replace (vllm.v1.engine.utils, vllm.model_executor.models.registry; tests pass stand-ins)."""
     if ctx is None:
         yield
         return
     if engine_utils is None:
         import vllm.v1.engine.utils as engine_utils  # noqa: PLC0415
+    if registry is None:
+        import vllm.model_executor.models.registry as registry  # noqa: PLC0415
     original = getattr(engine_utils, "get_mp_context", None)
-    if original is None:  # a vLLM that launches its engine core differently: leave it be
-        log.warning("vllm.v1.engine.utils has no get_mp_context; the engine core starts vLLM's way")
-        yield
-        return
 
     def get_mp_context() -> multiprocessing.context.BaseContext:
         original()  # vLLM's checks and environment (RAY_ADDRESS inside a Ray actor), carried to the child
+        print("rlsys: vLLM's engine core is forked from rlsys's fork server, not spawned (rollout.engine_process)",
+              flush=True)
         return ctx
 
-    engine_utils.get_mp_context = get_mp_context
+    originals = []
+    for module, name, new in [(engine_utils, "get_mp_context", get_mp_context),
+                              (registry, "_run_in_subprocess", probe_in(ctx))]:
+        if not hasattr(module, name):  # a vLLM that starts this process differently: that part goes vLLM's way
+            log.warning("%s has no %s; vLLM starts that process its own way", getattr(module, "__name__", module), name)
+            continue
+        originals.append((module, name, getattr(module, name)))
+        setattr(module, name, new)
     try:
         yield
     finally:
-        engine_utils.get_mp_context = original
+        for module, name, old in originals:
+            setattr(module, name, old)
 
 
 # ------------------------------------------------------------------ output helpers (no vLLM needed)

@@ -6,7 +6,9 @@ import os
 import sys
 import types
 
-from rlsys.engines.vllm_engine import EngineCoreContext, engine_core_from, start_engine_core_server
+import pytest
+
+from rlsys.engines.vllm_engine import EngineCoreContext, engine_core_from, probe_in, start_engine_core_server
 
 PRELOAD = "colorsys"  # a stdlib module nothing here imports: only the server's preload can put it there
 
@@ -35,35 +37,54 @@ def test_children_have_the_preload_and_the_parents_current_environment(monkeypat
     assert got["ppid"] != os.getpid(), "forked from the server, not from this process"
 
 
-def test_vllm_context_hook_is_replaced_only_inside_the_block():
+def probe_result() -> tuple[bool, int]:
+    return PRELOAD in sys.modules, os.getppid()
+
+
+def test_registry_probe_runs_in_a_child_of_the_server():
+    ctx = start_engine_core_server((PRELOAD,))
+    preloaded, ppid = probe_in(ctx)(probe_result)  # vLLM passes a cloudpickled lambda the same way
+    assert preloaded and ppid != os.getpid()
+
+
+def test_registry_probe_failure_is_an_error():
+    ctx = start_engine_core_server((PRELOAD,))
+    with pytest.raises(RuntimeError, match="model-registry probe failed"):
+        probe_in(ctx)(lambda: os._exit(3))
+
+
+def test_vllm_hooks_are_replaced_only_inside_the_block():
     calls = []
 
     def original():
         calls.append("vllm")
         return "vllm's context"
 
+    def subprocess_probe(fn):
+        return "vllm's subprocess"
+
     utils = types.SimpleNamespace(get_mp_context=original)
+    registry = types.SimpleNamespace(_run_in_subprocess=subprocess_probe)
     ctx = EngineCoreContext()
-    with engine_core_from(ctx, utils):
+    with engine_core_from(ctx, utils, registry):
         assert utils.get_mp_context() is ctx
         assert calls == ["vllm"], "vLLM's own get_mp_context still runs (it sets RAY_ADDRESS in a Ray actor)"
-    assert utils.get_mp_context is original
-    with engine_core_from(None, utils):  # rollout.engine_process = spawn
-        assert utils.get_mp_context is original
+        assert registry._run_in_subprocess is not subprocess_probe
+    assert utils.get_mp_context is original and registry._run_in_subprocess is subprocess_probe
+    with engine_core_from(None, utils, registry):  # rollout.engine_process = spawn
+        assert utils.get_mp_context is original and registry._run_in_subprocess is subprocess_probe
 
 
-def test_vllm_context_hook_restored_when_the_build_fails():
+def test_vllm_hooks_restored_when_the_build_fails():
     utils = types.SimpleNamespace(get_mp_context=lambda: "vllm's context")
-    original = utils.get_mp_context
-    try:
-        with engine_core_from(EngineCoreContext(), utils):
-            raise RuntimeError("the engine failed to build")
-    except RuntimeError:
-        pass
-    assert utils.get_mp_context is original
+    registry = types.SimpleNamespace(_run_in_subprocess=lambda fn: None)
+    originals = utils.get_mp_context, registry._run_in_subprocess
+    with pytest.raises(RuntimeError, match="failed to build"), engine_core_from(EngineCoreContext(), utils, registry):
+        raise RuntimeError("the engine failed to build")
+    assert (utils.get_mp_context, registry._run_in_subprocess) == originals
 
 
-def test_a_vllm_without_the_hook_is_left_alone():
-    utils = types.SimpleNamespace()
-    with engine_core_from(EngineCoreContext(), utils):
-        assert not hasattr(utils, "get_mp_context")
+def test_a_vllm_without_the_hooks_is_left_alone():
+    utils, registry = types.SimpleNamespace(), types.SimpleNamespace()
+    with engine_core_from(EngineCoreContext(), utils, registry):
+        assert not hasattr(utils, "get_mp_context") and not hasattr(registry, "_run_in_subprocess")
