@@ -2,7 +2,7 @@
 # Every GPU check of rlsys, each on its own (one failing does not hide the others), logs into $OUT.
 # On the GPU machine, after the gpu-site bundle is unpacked (../shared/device/README.md), from the repo root:
 #   bash tests/gpu/run_on_device.sh
-# Performance steps (docs/performance.md): compile, startup, startup-eager, startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
+# Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
 # bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
@@ -16,7 +16,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...   (STEPS="name ..." runs only those)
   timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$out/summary.log"
-  grep -h -E "^MEASURE|passed|failed|error|rlsys: (startup|memory|learner memory|vLLM gpu)|^overhead|^tokens/s|^GPU memory|^median|^refit|^step breakdown|^proxy overhead" \
+  grep -h -E "^MEASURE|passed|failed|error|rlsys: (startup|memory|learner memory|vLLM gpu|prefetched)|page cache|^overhead|^tokens/s|^GPU memory|^median|^refit|^step breakdown|^proxy overhead" \
     "$out/$name.log" | tail -40 >> "$out/summary.log"
 }
 { nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
@@ -32,12 +32,16 @@ TTT="--config configs/tictactoe-tiny-cpu.toml"
 # site once, so that a fresh machine's first start-up measures vLLM's start and not CPython compiling 15k modules
 step compile ${COMPILE_S:-300} bash -c "python3 -m compileall -q -j 0 /tmp/gpu-site/site > /dev/null; \
   find /tmp/gpu-site/site -name '*.pyc' | wc -l"
+# a fresh machine's state on this one: vLLM's, Triton's, torch's and CUDA's caches gone, the page cache dropped
+# (where the container may: it says which)
+step cold ${COLD_S:-60} bash -c "rm -rf ~/.cache/vllm ~/.triton ~/.cache/torch ~/.cache/flashinfer ~/.nv /tmp/torchinductor_*; \
+  sync; (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null && echo 'page cache dropped' || echo 'page cache NOT dropped'"
 # start-up from `rlsys train` to the first sampled token, cold: CUDA graphs + torch.compile (the default), then eager
 step startup ${STARTUP_S:-280} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
   python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup logging.progress=false"
 step startup-eager ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
-  python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager logging.progress=false \
-  rollout.enforce_eager=true"
+  rm -rf /tmp/rlsys-startup-eager && python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager \
+  logging.progress=false rollout.enforce_eager=true ${STARTUP_SET:-}"
 # eager again, with the engine core spawned (vLLM's own way in a Ray actor) instead of forked from rlsys's server
 step startup-eager-spawn ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
   python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager-spawn logging.progress=false \
