@@ -128,6 +128,7 @@ class StartupClock:
         from rlsys import prefetch
 
         if prefetch.last_run is not None and prefetch.last_run.done_at is not None:
+            m["startup/prefetch_started_s"] = prefetch.last_run.started_at - self.t0
             m["startup/prefetch_done_s"] = prefetch.last_run.done_at - self.t0
             m["startup/prefetch_gib"] = prefetch.last_run.bytes / 2**30
         if firsts:
