@@ -115,7 +115,11 @@ def sched(warm, total, kind):
 
 def run(a, D, dev):
     random.seed(a.seed); torch.manual_seed(a.seed)
-    m = Qwen2(D["configs"][a.size], D["weights"][a.size]).to(dev)
+    weights = D["weights"][a.size]
+    if a.init:  # a job's checkpoint (e.g. its SFT stage) instead of the export's initial weights; --sft-steps 0
+        from safetensors.torch import load_file
+        weights = load_file(f"{a.init}/model.safetensors")
+    m = Qwen2(D["configs"][a.size], weights).to(dev)
     digit = torch.tensor(D["digit_ids"], device=dev)
     log = []
     # SFT
@@ -190,6 +194,7 @@ if __name__ == "__main__":
     ap.add_argument("--boards", type=int, default=4); ap.add_argument("--samples", type=int, default=4); ap.add_argument("--temp", type=float, default=1.0)
     ap.add_argument("--adv", default="group"); ap.add_argument("--scale", type=int, default=1); ap.add_argument("--ent", type=float, default=0.0)
     ap.add_argument("--every", type=int, default=50); ap.add_argument("--data", default="data.pt"); ap.add_argument("--dev", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--init", help="start from this checkpoint folder's model.safetensors (a job's SFT stage)")
     ap.add_argument("--tag", default=""); ap.add_argument("--top-p", dest="top_p", type=float, default=1.0)
     ap.add_argument("--sweep", help="JSON file: list of arg dicts; runs each, prints one JSON line per run")
     a = ap.parse_args()

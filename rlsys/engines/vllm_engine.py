@@ -94,7 +94,7 @@ def memory_fraction(budget_gib: float | None, total_bytes: int, *, default_share
 # imports vLLM imports them meanwhile, in parallel; the engine core is then forked from it, already imported.
 # Forking the server (a clean interpreter: no Ray threads, no CUDA) is as safe as spawning; a plain fork of the
 # actor, which is what vLLM refuses, never happens.
-ENGINE_CORE_PRELOAD = ("vllm.v1.engine.core", "vllm.v1.engine.async_llm", "rlsys.engines.vllm_engine")
+ENGINE_CORE_PRELOAD = ("rlsys.engines.vllm_preload",)  # vLLM's engine core and AsyncLLM, guarded
 
 
 class EnvironForkServerProcess(multiprocessing.context.ForkServerProcess):

@@ -2,7 +2,9 @@
 importing them, and the parent's environment of the moment they start; vLLM's context hook is scoped."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
 import sys
 import types
 
@@ -88,3 +90,17 @@ def test_a_vllm_without_the_hooks_is_left_alone():
     utils, registry = types.SimpleNamespace(), types.SimpleNamespace()
     with engine_core_from(EngineCoreContext(), utils, registry):
         assert not hasattr(utils, "get_mp_context") and not hasattr(registry, "_run_in_subprocess")
+
+
+def test_the_default_preload_survives_a_missing_vllm():
+    """Without vLLM (this box) the server's preload reports what it could not import and the server still forks."""
+    code = ("import os, sys; sys.modules.pop('vllm', None)\n"
+            "from rlsys.engines.vllm_engine import probe_in, start_engine_core_server\n"
+            "ctx = start_engine_core_server()\n"
+            "print('child', probe_in(ctx)(os.getppid) != os.getpid())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "child True" in done.stdout
+    if importlib.util.find_spec("vllm") is None:
+        assert "could not import vllm.v1.engine.core" in done.stderr
