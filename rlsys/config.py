@@ -234,10 +234,11 @@ class ClusterConfig(_Section):
     """CPUs of an embedded local Ray (unset = all)."""
     cpus_per_bundle: int = Field(1, ge=0)
     """CPUs reserved with each GPU bundle."""
-    prefetch: bool | Literal["auto"] = "auto"
+    prefetch: bool | Literal["auto"] = False
     """Read torch's, vLLM's, Ray's and the CUDA libraries' files (and a local model's) into the page cache on 8
-    threads as the job starts, before anything imports them (rlsys/prefetch.py): a fresh machine's imports read
-    them one at a time from a cold disk. `auto`: on a machine with an NVIDIA GPU; off on CPU boxes."""
+    threads as the job starts, before anything imports them (rlsys/prefetch.py; `auto`: on a machine with an
+    NVIDIA GPU). Off by default: on an H200 it read 5.65 GiB in 5-10 s and no start-up measured faster for it
+    (53.4 s without, 58.3 s with, page cache dropped; docs/performance.md, section 5)."""
 
 
 class EvalConfig(_Section):
