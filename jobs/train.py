@@ -21,6 +21,9 @@ from rlsys.metrics import MetricsLogger, Timer, console_line, failure_lines, rol
 
 def run_training(cfg: Config) -> Path:
     """Run the job described by ``cfg``; returns the run directory."""
+    from rlsys import prefetch
+
+    prefetch.start_for(cfg)  # `cluster.prefetch`: reads the big libraries' files while the imports below begin
     import ray
 
     from jobs.cluster import Job, RayGauges, preflight
@@ -207,11 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     add_config_args(parser)
     args = parser.parse_args(argv)
     try:
-        cfg = config_from_args(args)
-        from rlsys import prefetch
-
-        prefetch.start_for(cfg)  # `ray job submit`'s entry point: the same prefetch as `rlsys train`'s
-        run_training(cfg)
+        run_training(config_from_args(args))
     except UserInputError as err:
         print(f"rlsys: {err}", file=sys.stderr)
         return 2

@@ -11,9 +11,6 @@ from rlsys.errors import UserInputError
 
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    from rlsys import prefetch
-
-    prefetch.start_for(cfg)  # reads the big libraries' files while the imports below begin
     from jobs.train import run_training
 
     run_training(cfg)

@@ -112,9 +112,6 @@ def start(model_dir: str | os.PathLike | None = None, *, packages: Iterable[str]
             for _ in range(threads):
                 todo.put(None)
 
-    remaining = [threads]
-    remaining_lock = threading.Lock()
-
     def consume() -> None:
         buf = bytearray(CHUNK)
         while (path := todo.get()) is not None:
@@ -122,18 +119,21 @@ def start(model_dir: str | os.PathLike | None = None, *, packages: Iterable[str]
                 run.add(read_file(path, buf), True)
             except OSError:
                 run.add(0, False)
-        with remaining_lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            run.done_at = time.time()
-            if verbose:
-                print(f"rlsys: prefetched {run.files} library and model files ({run.bytes / 2**30:.2f} GiB) into "
-                      f"the page cache in {run.done_at - run.started_at:.1f} s", flush=True)
+
+    readers = [threading.Thread(target=consume, name=f"rlsys-prefetch-{i}", daemon=True) for i in range(threads)]
+
+    def finish() -> None:  # when every reader is done
+        for reader in readers:
+            reader.join()
+        run.done_at = time.time()
+        if verbose:
+            print(f"rlsys: prefetched {run.files} library and model files ({run.bytes / 2**30:.2f} GiB) into "
+                  f"the page cache in {run.done_at - run.started_at:.1f} s", flush=True)
 
     threading.Thread(target=produce, name="rlsys-prefetch-walk", daemon=True).start()
-    for i in range(threads):
-        threading.Thread(target=consume, name=f"rlsys-prefetch-{i}", daemon=True).start()
+    for reader in readers:
+        reader.start()
+    threading.Thread(target=finish, name="rlsys-prefetch-done", daemon=True).start()
     return run
 
 
@@ -146,7 +146,8 @@ def wanted(setting: bool | str) -> bool:
 
 
 def start_for(cfg) -> PrefetchRun | None:
-    """The job's prefetch, if `cluster.prefetch` wants one (the model: `model.ckpt` when it is a local directory)."""
+    """The job's prefetch, if `cluster.prefetch` wants one (the model: `model.ckpt` when it is a local directory);
+    once a process: a recipe's later stages find the files already read."""
     if not wanted(cfg.cluster.prefetch):
         return None
-    return start(cfg.model.ckpt)
+    return last_run if last_run is not None else start(cfg.model.ckpt)

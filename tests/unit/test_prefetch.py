@@ -5,6 +5,8 @@ import sys
 import time
 import types
 
+import pytest
+
 from rlsys import prefetch
 
 
@@ -62,3 +64,12 @@ def test_setting(monkeypatch):
     assert not prefetch.wanted("auto")
     cfg = types.SimpleNamespace(cluster=types.SimpleNamespace(prefetch=False), model=types.SimpleNamespace(ckpt="x"))
     assert prefetch.start_for(cfg) is None
+
+
+def test_once_a_process(monkeypatch):
+    """run_training calls it once per job; a recipe's later stages reuse the first stage's prefetch."""
+    earlier = prefetch.PrefetchRun()
+    monkeypatch.setattr(prefetch, "last_run", earlier)
+    monkeypatch.setattr(prefetch, "start", lambda *a, **k: pytest.fail("a second prefetch started"))
+    cfg = types.SimpleNamespace(cluster=types.SimpleNamespace(prefetch=True), model=types.SimpleNamespace(ckpt="x"))
+    assert prefetch.start_for(cfg) is earlier
