@@ -37,15 +37,16 @@ step compile ${COMPILE_S:-300} bash -c "python3 -m compileall -q -j 0 /tmp/gpu-s
 step cold ${COLD_S:-60} bash -c "rm -rf ~/.cache/vllm ~/.triton ~/.cache/torch ~/.cache/flashinfer ~/.nv /tmp/torchinductor_*; \
   sync; (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null && echo 'page cache dropped' || echo 'page cache NOT dropped'"
 # start-up from `rlsys train` to the first sampled token, cold: CUDA graphs + torch.compile (the default), then eager
-step startup ${STARTUP_S:-280} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
-  python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup logging.progress=false"
-step startup-eager ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
-  rm -rf /tmp/rlsys-startup-eager && python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager \
-  logging.progress=false rollout.enforce_eager=true ${STARTUP_SET:-}"
+startup_cmd() {  # startup_cmd NAME [OVERRIDE ...]: the script of one `rlsys train` step into /tmp/rlsys-NAME
+  local dir=/tmp/rlsys-$1; shift  # (the random model is built first, before the process whose start-up is timed)
+  echo "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && rm -rf $dir && \
+python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir $dir logging.progress=false $*"
+}
+step startup ${STARTUP_S:-280} bash -c "$(startup_cmd startup)"
+step startup-eager ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager rollout.enforce_eager=true ${STARTUP_SET:-})"
 # eager again, with the engine core spawned (vLLM's own way in a Ray actor) instead of forked from rlsys's server
-step startup-eager-spawn ${STARTUP_S:-200} bash -c "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && \
-  python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir /tmp/rlsys-startup-eager-spawn logging.progress=false \
-  rollout.enforce_eager=true rollout.engine_process=spawn"
+step startup-eager-spawn ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager-spawn rollout.enforce_eager=true \
+  rollout.engine_process=spawn)"
 # the step-time breakdown: 0.5B random, 64 episodes x 64 tokens per step, 8-bit Adam, 4 timed steps after 1 warm-up
 STEP_ARGS="--model qwen0.5b-random --cache $BENCH --steps 4 --random-reward"  # options first, overrides after
 STEP_SET="rollout.batch_size=8 rollout.n_samples=8 rollout.max_new_tokens=64 learner.mini_bs=8 learner.adam_8bit=true \
