@@ -2,6 +2,7 @@
 `choose_transport` picks a transport from where learner and engine landed."""
 from __future__ import annotations
 
+import io
 import socket
 import time
 
@@ -37,14 +38,19 @@ def _route(port: int, timeout_s: float = 30.0) -> CollectiveRoute:
 
 
 def _engine(port: int, plan, pushes: int, out) -> None:
-    """Rank 1: receive ``pushes`` pushes (the plan with the first only), report what arrived."""
+    """Rank 1: receive ``pushes`` pushes (the plan with the first only), report what arrived.
+
+    The tensors go back as ``torch.save`` bytes: a tensor put on a multiprocessing queue travels as a file
+    descriptor that this process must still be alive to hand over, and it exits right after the put."""
     try:
         transport = CollectiveTransport()
         got = []
         for k in range(pushes):
             ticket = CollectiveTicket(route=_route(port), rank=1, plan=plan if k == 0 else None)
             got.append({n: t.clone() for n, t in transport.receive(ticket)})
-        out.put(("ok", got))
+        buffer = io.BytesIO()
+        torch.save(got, buffer)
+        out.put(("ok", buffer.getvalue()))
     except Exception as err:  # report it to the test instead of dying silently
         out.put(("error", f"{type(err).__name__}: {err}"))
 
@@ -65,6 +71,7 @@ def test_gloo_broadcast_delivers_every_bucket_bit_for_bit_push_after_push():
         assert status == "ok", got
     finally:
         engine.join(timeout=30)
+    got = torch.load(io.BytesIO(got))
     for k, received in enumerate(got):
         expected = dict(_weights(k))
         assert received.keys() == expected.keys()
