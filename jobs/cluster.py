@@ -320,15 +320,17 @@ class Job:
     sleep_level: int = 1  # the engines' sleep between rollout and training (`choose_sleep_level`)
 
     @classmethod
-    def start(cls, cfg: Config, checked: tuple[list, list] | None = None) -> "Job":
-        """Start (or join) Ray and the actors. ``checked`` = what `preflight(cfg)` returned, if it ran."""
+    def start(cls, cfg: Config, checked: tuple[list, list] | None = None,
+              marks: dict[str, float] | None = None) -> "Job":
+        """Start (or join) Ray and the actors. ``checked`` = what `preflight(cfg)` returned, if it ran; ``marks``:
+        the caller's start-up milestones so far (name -> time.time()), kept with Job.start's own."""
         items, eval_items = checked or preflight(cfg)  # bad plug-ins and data: refused before any actor
         resume_from = ckpt.find_resume(cfg.checkpoint.resume, cfg.checkpoint_dir())
         trainer_state = ckpt.read_trainer_state(resume_from) if resume_from else None
         # a resumed job starts learner and engine from the checkpoint's weights
         model_path = str(resume_from) if resume_from else resolve_model(cfg.model.ckpt)
         namespace = job_namespace(cfg)
-        marks = {"job_start": time.time()}  # when start-up milestones were reached (the `startup/*` metrics)
+        marks = {**(marks or {}), "job_start": time.time()}  # when start-up milestones were reached (`startup/*`)
         owns_ray = init_ray(cfg, namespace)
         marks["ray_ready"] = time.time()
         wait_for_stale_actors(namespace)

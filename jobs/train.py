@@ -24,13 +24,16 @@ def run_training(cfg: Config) -> Path:
     from rlsys import prefetch
 
     prefetch.start_for(cfg)  # `cluster.prefetch`: reads the big libraries' files while the imports below begin
+    marks = {"driver_entered": time.time()}  # the driver's own start-up milestones, before Job.start's
     import ray
 
     from jobs.cluster import Job, RayGauges, preflight
 
+    marks["driver_imported"] = time.time()
     checked = preflight(cfg)  # bad plug-ins and data are refused before the run directory or Ray exist
+    marks["preflight_done"] = time.time()
     run_dir = prepare_run_dir(cfg)
-    job = Job.start(cfg, checked)
+    job = Job.start(cfg, checked, marks)
     startup = StartupClock(job)
     stop = StopRequest()  # after ray.init, which replaces the SIGTERM handler (TRAPS.md)
     logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None, start_step=job.start_step,
@@ -148,7 +151,9 @@ class StartupClock:
 
 
 # the `startup/*` milestones in the order a job reaches them, as printed
-STARTUP_MILESTONES = [("job_start", "job start"), ("ray_ready", "Ray up"), ("actors_up", "actors up"),
+STARTUP_MILESTONES = [("driver_entered", "driver entered"), ("driver_imported", "driver imported"),
+                      ("preflight_done", "preflight done"), ("job_start", "job start"), ("ray_ready", "Ray up"),
+                      ("actors_up", "actors up"),
                       ("engine_start_called", "engine start called"), ("engine_ready", "engine ready"),
                       ("engines_ready", "engines seen by the driver"), ("learner_ready", "learner answered"),
                       ("canary_passed", "canary passed"), ("first_sample", "first sampled token")]

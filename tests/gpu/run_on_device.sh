@@ -2,7 +2,8 @@
 # Every GPU check of rlsys, each on its own (one failing does not hide the others), logs into $OUT.
 # On the GPU machine, after the gpu-site bundle is unpacked (../shared/device/README.md), from the repo root:
 #   bash tests/gpu/run_on_device.sh
-# Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
+# Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-v1, machine,
+# startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
 # bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
@@ -44,6 +45,16 @@ python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir $dir logging.
 }
 step startup ${STARTUP_S:-280} bash -c "$(startup_cmd startup)"
 step startup-eager ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager rollout.enforce_eager=true ${STARTUP_SET:-})"
+# eager with vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0): the V2 runner's ~47 Triton kernels (input
+# preparation, sampling, logprobs) compile on an empty ~/.triton at the first start of a machine
+step startup-eager-v1 ${STARTUP_S:-200} env VLLM_USE_V2_MODEL_RUNNER=0 bash -c "$(startup_cmd startup-eager-v1 \
+  rollout.enforce_eager=true ${STARTUP_SET:-})"
+# what a first start pays once a machine, each part on its own (after a start-up step, these are warm): the GPU's
+# persistence mode, torch's import, CUDA's initialisation, the driver's imports
+step machine ${MACHINE_S:-120} bash -c "nvidia-smi -q | grep -iE 'persistence mode|driver version|cuda version'; \
+  uptime; free -g | head -2; for i in 1 2; do python3 -c 'import time; t=time.time(); import torch; \
+i=time.time(); torch.cuda.init(); print(f\"MEASURE import torch {i-t:.1f} s, CUDA init {time.time()-i:.1f} s\")'; done; \
+  python3 -c 'import time; t=time.time(); import jobs.cluster; print(f\"MEASURE import jobs.cluster {time.time()-t:.1f} s\")'"
 # eager again, with the engine core spawned (vLLM's own way in a Ray actor) instead of forked from rlsys's server
 step startup-eager-spawn ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager-spawn rollout.enforce_eager=true \
   rollout.engine_process=spawn)"
