@@ -140,9 +140,10 @@ class RolloutWorker:
         self._engine_kind = resolve_engine_kind(self.cfg)
         process_context = None
         if self._engine_kind == "vllm" and self.cfg.rollout.engine_process == "forkserver":
-            from rlsys.engines.vllm_engine import start_engine_core_server
+            from rlsys.engines.vllm_engine import model_architectures, start_engine_core_server
 
-            process_context = start_engine_core_server()  # imports vLLM for the engine core while we do too
+            # the server imports vLLM (and the model's vLLM module) for the engine core while we import vLLM too
+            process_context = start_engine_core_server(architectures=model_architectures(self.model_path))
         from transformers import AutoTokenizer
 
         from rlsys.proxy.server import ProxyServer, create_app

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import multiprocessing.context
 import multiprocessing.forkserver
@@ -95,6 +96,7 @@ def memory_fraction(budget_gib: float | None, total_bytes: int, *, default_share
 # Forking the server (a clean interpreter: no Ray threads, no CUDA) is as safe as spawning; a plain fork of the
 # actor, which is what vLLM refuses, never happens.
 ENGINE_CORE_PRELOAD = ("rlsys.engines.vllm_preload",)  # vLLM's engine core and AsyncLLM, guarded
+PRELOAD_ARCHITECTURES_ENV = "RLSYS_PRELOAD_ARCHITECTURES"  # the server's only: vllm_preload imports their modules
 
 
 class EnvironForkServerProcess(multiprocessing.context.ForkServerProcess):
@@ -118,12 +120,33 @@ class EngineCoreContext(multiprocessing.context.ForkServerContext):
     Process = EnvironForkServerProcess
 
 
-def start_engine_core_server(preload: Iterable[str] = ENGINE_CORE_PRELOAD) -> EngineCoreContext:
+def model_architectures(model_path: str) -> tuple[str, ...]:
+    """The ``architectures`` of the model's config.json; () without one (vLLM reports what it cannot load)."""
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            found = json.load(f).get("architectures") or ()
+    except (OSError, ValueError, AttributeError):
+        return ()
+    return tuple(a for a in found if isinstance(a, str) and a.isidentifier())
+
+
+def start_engine_core_server(preload: Iterable[str] = ENGINE_CORE_PRELOAD,
+                             architectures: Iterable[str] = ()) -> EngineCoreContext:
     """Start the fork server (it imports ``preload`` in the background; this returns at once). Call it before
-    importing vLLM, with the environment the engine core should have (CUDA_VISIBLE_DEVICES, PYTHONPATH)."""
+    importing vLLM, with the environment the engine core should have (CUDA_VISIBLE_DEVICES, PYTHONPATH).
+    ``architectures``: the model's (`model_architectures`), whose vLLM modules the default preload imports too;
+    they reach the server in its environment, which is this process's again once it started."""
     ctx = EngineCoreContext()
     ctx.set_forkserver_preload(list(preload))
-    multiprocessing.forkserver.ensure_running()
+    before = os.environ.get(PRELOAD_ARCHITECTURES_ENV)
+    os.environ[PRELOAD_ARCHITECTURES_ENV] = ",".join(architectures)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ[PRELOAD_ARCHITECTURES_ENV]
+        else:
+            os.environ[PRELOAD_ARCHITECTURES_ENV] = before
     return ctx
 
 

@@ -104,3 +104,43 @@ def test_the_default_preload_survives_a_missing_vllm():
     assert "child True" in done.stdout
     if importlib.util.find_spec("vllm") is None:
         assert "could not import vllm.v1.engine.core" in done.stderr
+
+
+def test_the_server_preloads_the_models_vllm_module(tmp_path):
+    """The architecture in the model's config.json reaches the server (not this process's environment), whose
+    preload imports the module vLLM's registry names for it; an architecture vLLM does not know is skipped."""
+    fake = tmp_path / "site"
+    (fake / "vllm" / "model_executor" / "models").mkdir(parents=True)
+    for package in ["vllm", "vllm/model_executor", "vllm/model_executor/models"]:
+        (fake / package / "__init__.py").write_text("")
+    (fake / "vllm" / "model_executor" / "models" / "registry.py").write_text(
+        "import types\n"
+        "ModelRegistry = types.SimpleNamespace(models={'FakeForCausalLM': types.SimpleNamespace(module_name='fake_arch')})\n")
+    (fake / "fake_arch.py").write_text("")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["FakeForCausalLM", "UnknownForCausalLM"]}')
+    code = ("import os, sys\n"
+            "from rlsys.engines.vllm_engine import model_architectures, probe_in, start_engine_core_server\n"
+            f"archs = model_architectures({str(model)!r})\n"
+            "ctx = start_engine_core_server(architectures=archs)\n"
+            "print('archs', ','.join(archs))\n"
+            "print('server', probe_in(ctx)(lambda: 'fake_arch' in sys.modules))\n"
+            "print('parent', 'fake_arch' in sys.modules, os.environ.get('RLSYS_PRELOAD_ARCHITECTURES'))\n")
+    path = os.pathsep.join(filter(None, [os.getcwd(), str(fake), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr
+    assert "archs FakeForCausalLM,UnknownForCausalLM" in done.stdout
+    assert "server True" in done.stdout, done.stderr
+    assert "parent False None" in done.stdout
+
+
+def test_model_architectures_without_a_usable_config(tmp_path):
+    from rlsys.engines.vllm_engine import model_architectures
+
+    assert model_architectures(str(tmp_path)) == ()  # no config.json (a GGUF file's directory, a hub name)
+    (tmp_path / "config.json").write_text("{not json")
+    assert model_architectures(str(tmp_path)) == ()
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM", "../../etc", 3]}')
+    assert model_architectures(str(tmp_path)) == ("Qwen2ForCausalLM",)
