@@ -308,9 +308,10 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
         flags["--ckpt"] = ckpt
     overrides = ["logging.progress=false"] + (["env.reward_fn_path=jobs.bench:random_reward"] if args.random_reward else [])
     cfg = load_config(args.config, flags=flags, overrides=overrides + list(args.overrides))
+    loaded = time.time()
     t0 = time.perf_counter()
     with GpuPeakSampler() as gpus:
-        run_training(cfg)
+        run_training(cfg, {"config_loaded": loaded})
     wall = time.perf_counter() - t0
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
     out = summarize_steps(rows, args.warmup)

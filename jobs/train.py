@@ -19,12 +19,13 @@ from rlsys.errors import UserInputError
 from rlsys.metrics import MetricsLogger, Timer, console_line, failure_lines, rollout_metrics
 
 
-def run_training(cfg: Config) -> Path:
-    """Run the job described by ``cfg``; returns the run directory."""
+def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
+    """Run the job described by ``cfg``; returns the run directory. ``marks``: the caller's start-up milestones
+    (name -> time.time(), e.g. `rlsys train`'s `cli_started`, `config_loaded`), reported with the job's own."""
     from rlsys import prefetch
 
     prefetch.start_for(cfg)  # `cluster.prefetch`: reads the big libraries' files while the imports below begin
-    marks = {"driver_entered": time.time()}  # the driver's own start-up milestones, before Job.start's
+    marks = {**(marks or {}), "driver_entered": time.time()}  # the driver's own milestones, before Job.start's
     import ray
 
     from jobs.cluster import Job, RayGauges, preflight
@@ -151,7 +152,8 @@ class StartupClock:
 
 
 # the `startup/*` milestones in the order a job reaches them, as printed
-STARTUP_MILESTONES = [("driver_entered", "driver entered"), ("driver_imported", "driver imported"),
+STARTUP_MILESTONES = [("cli_started", "CLI started"), ("config_loaded", "config loaded"),
+                      ("driver_entered", "driver entered"), ("driver_imported", "driver imported"),
                       ("preflight_done", "preflight done"), ("job_start", "job start"), ("ray_ready", "Ray up"),
                       ("actors_up", "actors up"),
                       ("engine_start_called", "engine start called"), ("engine_ready", "engine ready"),

@@ -2,18 +2,23 @@
 so `rlsys --help` and `rlsys config` stay fast and work without Ray installed."""
 from __future__ import annotations
 
-import argparse
-import sys
+import time
 
-from rlsys.config import add_config_args, config_from_args, describe_fields
-from rlsys.errors import UserInputError
+STARTED_AT = time.time()  # the `cli_started` start-up milestone: the interpreter is up, rlsys's imports begin
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+from rlsys.config import add_config_args, config_from_args, describe_fields  # noqa: E402
+from rlsys.errors import UserInputError  # noqa: E402
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    marks = {"cli_started": STARTED_AT, "config_loaded": time.time()}
     from jobs.train import run_training
 
-    run_training(cfg)
+    run_training(cfg, marks)
     return 0
 
 

@@ -38,10 +38,11 @@ step compile ${COMPILE_S:-300} bash -c "python3 -m compileall -q -j 0 /tmp/gpu-s
 step cold ${COLD_S:-60} bash -c "rm -rf ~/.cache/vllm ~/.triton ~/.cache/torch ~/.cache/flashinfer ~/.nv /tmp/torchinductor_*; \
   sync; (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null && echo 'page cache dropped' || echo 'page cache NOT dropped'"
 # start-up from `rlsys train` to the first sampled token, cold: CUDA graphs + torch.compile (the default), then eager
+# STARTUP_PY: the interpreter command of the timed process, e.g. "python3 -X importtime" (the rest stay python3)
 startup_cmd() {  # startup_cmd NAME [OVERRIDE ...]: the script of one `rlsys train` step into /tmp/rlsys-NAME
   local dir=/tmp/rlsys-$1; shift  # (the random model is built first, before the process whose start-up is timed)
   echo "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && rm -rf $dir && \
-python3 -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir $dir logging.progress=false $*"
+${STARTUP_PY:-python3} -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir $dir logging.progress=false $*"
 }
 step startup ${STARTUP_S:-280} bash -c "$(startup_cmd startup)"
 step startup-eager ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager rollout.enforce_eager=true ${STARTUP_SET:-})"
