@@ -56,7 +56,7 @@ def build_engine(cfg: Config, model_path: str, process_context: Any = None):
                            max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True,
                            kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30),
                            tensor_parallel_size=cfg.cluster.tp_size, ray_executor=cfg.vllm_ray_executor(),
-                           process_context=process_context)
+                           process_context=process_context, model_runner=r.model_runner)
     return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed, num_threads=r.engine_threads)
 
 

@@ -7,9 +7,11 @@ dashboard's Actors page and `ray list actors` show what is what.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,6 @@ from typing import Any
 
 import ray
 
-from jobs.placement import choose_engine_transport, make_env_workers, place_actors
 from rlsys import checkpoint as ckpt
 from rlsys.config import Config, ConfigError, dump_config
 from rlsys.metrics import rollout_metrics
@@ -25,7 +26,6 @@ from rlsys.data import DatasetError, ItemStream, read_jsonl
 from rlsys.models.resolve import resolve_model
 from rlsys.plugins import load_agent, load_reward
 from rlsys.types import Trajectory, TrajectorySummary
-from rlsys.weights.collective import DEFAULT_TIMEOUT_S
 
 
 def init_ray(cfg: Config, namespace: str) -> bool:
@@ -42,6 +42,20 @@ def init_ray(cfg: Config, namespace: str) -> bool:
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}},
              log_to_driver=True)
     return True
+
+
+def import_meanwhile(name: str) -> None:
+    """Start importing module ``name`` on a thread and return: a later ``import`` of it waits for that one (the
+    import system's per-module lock) or, if it failed, imports it again and raises its error where it is used.
+    The driver's torch import (~3-5 s, through the actors' modules) thus overlaps Ray's start, which mostly
+    waits on its processes."""
+    def run() -> None:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001,S110 (the import that needs it raises it again, where it is used)
+            pass
+
+    threading.Thread(target=run, name=f"import {name}", daemon=True).start()
 
 
 def _repo_root() -> Path:
@@ -211,7 +225,8 @@ class WeightSync:
     canary_enabled: bool = True
     canary_every: int = 1  # check after every N-th push (the check at start always runs)
     collective_backend: str = "gloo"  # "nccl" when learners and engines are on GPUs
-    collective_timeout_s: float = DEFAULT_TIMEOUT_S  # rendezvous and broadcast timeout of collective routes
+    collective_timeout_s: float | None = None  # rendezvous and broadcast timeout of collective routes (None: the
+    # route's default, rlsys.weights.collective.DEFAULT_TIMEOUT_S)
     # (E,) for an engine of vLLM Ray workers fed by CUDA IPC: (learner rank, GPU uuid) per worker; else None
     per_gpu: list[Any] | None = None
     _routes: dict[int, Any] = field(default_factory=dict, repr=False)  # source rank -> CollectiveRoute
@@ -269,9 +284,10 @@ class WeightSync:
             plan = ray.get(self.learners[min(fed)].weight_plan.remote(self.bucket_bytes))
             for r, engines in sorted(fed.items()):
                 host, port = ray.get(self.learners[r].address.remote())
+                timeout = {} if self.collective_timeout_s is None else {"timeout_s": self.collective_timeout_s}
                 route = CollectiveRoute(
                     name=f"learner-{r} -> " + ", ".join(f"rollout-{i}" for i in engines), host=host, port=port,
-                    world_size=1 + len(engines), backend=self.collective_backend, timeout_s=self.collective_timeout_s)
+                    world_size=1 + len(engines), backend=self.collective_backend, **timeout)
                 self._routes[r] = route
                 self._tickets.update({i: CollectiveTicket(route=route, rank=k + 1, plan=plan)
                                       for k, i in enumerate(engines)})
@@ -331,8 +347,11 @@ class Job:
         model_path = str(resume_from) if resume_from else resolve_model(cfg.model.ckpt)
         namespace = job_namespace(cfg)
         marks = {**(marks or {}), "job_start": time.time()}  # when start-up milestones were reached (`startup/*`)
+        import_meanwhile("jobs.placement")  # the actors' modules (torch, transformers) while Ray starts
         owns_ray = init_ray(cfg, namespace)
         marks["ray_ready"] = time.time()
+        from jobs.placement import make_env_workers, place_actors  # noqa: PLC0415 (waits for that import)
+
         wait_for_stale_actors(namespace)
         placed = place_actors(cfg, model_path)
         learners, sources = placed.learners, placed.sources
@@ -552,6 +571,8 @@ def choose_transports(cfg: Config, learners: list[Any], rollouts: list[Any], fee
     wheres = ray.get([rank.device_where.remote() for rank in learners])
     transports, per_gpu = [], []
     for i, (info, ranks) in enumerate(zip(infos, feeders)):
+        from jobs.placement import choose_engine_transport  # noqa: PLC0415
+
         transport, why, shards = choose_engine_transport(cfg.sync.transport, {r: wheres[r] for r in ranks}, info)
         fed_by = ", ".join(f"learner-{r}" for r, _ in shards) if shards else f"learner-{ranks[0]}"
         print(f"rlsys: weights {fed_by} -> rollout-{i}: {transport} ({why})", flush=True)

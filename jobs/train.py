@@ -28,9 +28,11 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
     marks = {**(marks or {}), "driver_entered": time.time()}  # the driver's own milestones, before Job.start's
     import ray
 
-    from jobs.cluster import Job, RayGauges, preflight
+    from jobs.cluster import Job, RayGauges, import_meanwhile, preflight
 
     marks["driver_imported"] = time.time()
+    if cfg.logging.tensorboard:
+        import_meanwhile("torch.utils.tensorboard")  # the MetricsLogger's, ready when Job.start returns
     checked = preflight(cfg)  # bad plug-ins and data are refused before the run directory or Ray exist
     marks["preflight_done"] = time.time()
     run_dir = prepare_run_dir(cfg)

@@ -130,6 +130,17 @@ def model_architectures(model_path: str) -> tuple[str, ...]:
     return tuple(a for a in found if isinstance(a, str) and a.isidentifier())
 
 
+MODEL_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def set_model_runner(choice: str) -> None:
+    """`rollout.model_runner` into vLLM's variable: `v1` -> 0, `v2` -> 1, `auto` leaves what the environment says."""
+    if choice not in ("auto", "v1", "v2"):
+        raise ValueError(f"model_runner must be auto, v1 or v2, got {choice!r}")
+    if choice != "auto":
+        os.environ[MODEL_RUNNER_ENV] = "1" if choice == "v2" else "0"
+
+
 def start_engine_core_server(preload: Iterable[str] = ENGINE_CORE_PRELOAD,
                              architectures: Iterable[str] = ()) -> EngineCoreContext:
     """Start the fork server (it imports ``preload`` in the background; this returns at once). Call it before
@@ -282,12 +293,15 @@ class VLLMEngine(Engine):
         tensor_parallel_size: int = 1,
         ray_executor: bool = False,
         process_context: multiprocessing.context.BaseContext | None = None,
+        model_runner: str = "auto",
     ) -> None:
         """``ray_executor``: vLLM's workers as Ray actors (`distributed_executor_backend="ray"`), in the placement
         group of the Ray actor building this engine, on the bundles of `VLLM_RAY_BUNDLE_INDICES` with
         `VLLM_RAY_PER_WORKER_GPUS` of each (jobs/placement.py sets both in the actor's environment).
         ``process_context``: where the engine-core process comes from (`start_engine_core_server`; None: spawned
-        or forked as vLLM decides)."""
+        or forked as vLLM decides). ``model_runner``: `v1`, `v2` or `auto` (vLLM's choice), set in this process's
+        environment before vLLM reads it, so that its engine-core process and Ray workers inherit it."""
+        set_model_runner(model_runner)
         from transformers import AutoConfig  # noqa: PLC0415
         from vllm import AsyncEngineArgs  # noqa: PLC0415
 

@@ -40,9 +40,12 @@ step cold ${COLD_S:-60} bash -c "rm -rf ~/.cache/vllm ~/.triton ~/.cache/torch ~
 # start-up from `rlsys train` to the first sampled token, cold: CUDA graphs + torch.compile (the default), then eager
 # STARTUP_PY: the interpreter command of the timed process, e.g. "python3 -X importtime" (the rest stay python3)
 startup_cmd() {  # startup_cmd NAME [OVERRIDE ...]: the script of one `rlsys train` step into /tmp/rlsys-NAME
-  local dir=/tmp/rlsys-$1; shift  # (the random model is built first, before the process whose start-up is timed)
+  local dir=/tmp/rlsys-$1; shift  # (the random model is built first, before the process whose start-up is timed;
+  # until 2026-12-01 evening the timed process was exec'd by bash and its clock began with that build: ~20-25 s
+  # of a fresh machine's, ~1 s of a warm one's, start-up numbers were the model build)
   echo "M=\$(python3 -m jobs.bench model --model qwen0.5b-random --cache $BENCH | tail -1) && rm -rf $dir && \
-${STARTUP_PY:-python3} -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir $dir logging.progress=false $*"
+${STARTUP_PY:-python3} -m rlsys.cli train $TTT --ckpt \$M --max-steps 1 --run-dir $dir logging.progress=false $*; \
+exit \$?"  # not the script's last command: bash would exec it in place, and its start time would be the script's
 }
 step startup ${STARTUP_S:-280} bash -c "$(startup_cmd startup)"
 step startup-eager ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager rollout.enforce_eager=true ${STARTUP_SET:-})"

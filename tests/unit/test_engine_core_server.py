@@ -144,3 +144,17 @@ def test_model_architectures_without_a_usable_config(tmp_path):
     assert model_architectures(str(tmp_path)) == ()
     (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM", "../../etc", 3]}')
     assert model_architectures(str(tmp_path)) == ("Qwen2ForCausalLM",)
+
+
+def test_model_runner_choice_reaches_vllms_variable(monkeypatch):
+    from rlsys.engines.vllm_engine import MODEL_RUNNER_ENV, set_model_runner
+
+    monkeypatch.setenv(MODEL_RUNNER_ENV, "1")
+    set_model_runner("auto")  # the environment's (or vLLM's) choice stays
+    assert os.environ[MODEL_RUNNER_ENV] == "1"
+    set_model_runner("v1")
+    assert os.environ[MODEL_RUNNER_ENV] == "0"
+    set_model_runner("v2")
+    assert os.environ[MODEL_RUNNER_ENV] == "1"
+    with pytest.raises(ValueError, match="auto, v1 or v2"):
+        set_model_runner("v3")
