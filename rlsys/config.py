@@ -98,11 +98,14 @@ class RolloutConfig(_Section):
     before the actor imports vLLM imports torch and vLLM meanwhile, and the engine core is forked from it
     (rlsys/engines/vllm_engine.py). `spawn`: vLLM's own way in a Ray actor, a fresh interpreter that imports them
     again after the actor did (~15 s more of an eager start on an H200; docs/performance.md, section 5)."""
-    model_runner: Literal["auto", "v1", "v2"] = "v1"
-    """vLLM's model runner (VLLM_USE_V2_MODEL_RUNNER in the engine's processes): `v1`, `v2`, or `auto` = vLLM's
-    choice (V2 for Qwen2 and most text models in vLLM 0.26). V2 JIT-compiles 15-20 s of Triton kernels (input
-    preparation, sampling, logprobs) at the first start on a machine, while ~/.triton is empty; V1 almost none, and
-    it generated as fast in the step benchmark (H200: 3660 vs 3363 tokens/s; docs/performance.md, section 5)."""
+    model_runner: Literal["auto", "v1", "v2"] = "auto"
+    """vLLM's model runner (VLLM_USE_V2_MODEL_RUNNER in the engine's processes): `auto` = vLLM's choice (V2 for
+    Qwen2 and most text models in vLLM 0.26), `v1`, `v2`. V2 JIT-compiles 15-20 s of Triton kernels (input
+    preparation, sampling, logprobs) at the first start on a machine, while ~/.triton is empty; V1 almost none. With
+    `enforce_eager`, `v1` is the fast-start setting (a fresh H200: first sampled token 45.6 s). Its steady-state cost,
+    measured once each on an H200: none in the step benchmark (3660 vs 3363 tokens/s), but the proxy benchmark's
+    agent path at 128 requests in flight reached 0.77 of direct generation against 0.86-1.09 with V2
+    (docs/performance.md, sections 2 and 5)."""
     executor: Literal["auto", "ray"] = "auto"
     """vLLM's workers: `auto` = in the rollout actor's engine process with `cluster.tp_size` 1, Ray actors in the
     job's placement group (vLLM's Ray executor, one worker per GPU bundle of the engine) with tp_size > 1.
