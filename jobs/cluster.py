@@ -568,11 +568,11 @@ def choose_transports(cfg: Config, learners: list[Any], rollouts: list[Any], fee
     both landed: `jobs.placement.choose_engine_transport`) and, for vLLM Ray workers fed by CUDA IPC, the
     (rank, GPU uuid) of each worker; set on the engine and logged. Also the collective routes' backend (nccl
     when learners and engines are on GPUs, else gloo)."""
+    from jobs.placement import choose_engine_transport  # noqa: PLC0415 (the actors' modules: not at jobs.cluster's import)
+
     wheres = ray.get([rank.device_where.remote() for rank in learners])
     transports, per_gpu = [], []
     for i, (info, ranks) in enumerate(zip(infos, feeders)):
-        from jobs.placement import choose_engine_transport  # noqa: PLC0415
-
         transport, why, shards = choose_engine_transport(cfg.sync.transport, {r: wheres[r] for r in ranks}, info)
         fed_by = ", ".join(f"learner-{r}" for r, _ in shards) if shards else f"learner-{ranks[0]}"
         print(f"rlsys: weights {fed_by} -> rollout-{i}: {transport} ({why})", flush=True)
