@@ -1,11 +1,11 @@
 """Read the big libraries' files into the page cache at the start of a job, in parallel, before anyone imports them.
 
-`cluster.prefetch` (off by default). On a fresh GPU machine the driver needed 23-24 s before `Job.start` instead
-of 5 (docs/performance.md, section 5). An import reads its files one after another (each shared library by page
+`cluster.prefetch` (off by default). An import reads its files one after another (each shared library by page
 faults as it is mapped); eight threads reading whole files at once keep the disk busy instead, and the page cache is
 the machine's, so the actors' and vLLM's processes started afterwards find the files there too. Measured on an
-H200: 5.65 GiB in 4.8 s warm and 6.3-10.5 s cold, but no start-up measured faster for it (the fresh machines' slow
-part came before the prefetch even began, and vLLM's slow warm-up there is mostly Triton compiling kernels).
+H200: 5.65 GiB in 4.8 s warm and 6.3-10.5 s cold, but no start-up measured faster for it (docs/performance.md,
+section 5: the fresh machines' "slow driver" it was written for turned out to be the benchmark script's clock
+starting with the model build, and vLLM's slow warm-up there is mostly Triton compiling kernels).
 
 Nothing is imported here: packages are found with `importlib.util.find_spec`. What is read: shared libraries
 (`*.so`, `*.so.N`) and compiled modules (`*.pyc`) of torch, transformers, Ray, vLLM, the CUDA libraries (`nvidia`),

@@ -49,10 +49,10 @@ exit \$?"  # not the script's last command: bash would exec it in place, and its
 }
 step startup ${STARTUP_S:-280} bash -c "$(startup_cmd startup)"
 step startup-eager ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager rollout.enforce_eager=true ${STARTUP_SET:-})"
-# eager with vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0): the V2 runner's ~47 Triton kernels (input
-# preparation, sampling, logprobs) compile on an empty ~/.triton at the first start of a machine
-step startup-eager-v1 ${STARTUP_S:-200} env VLLM_USE_V2_MODEL_RUNNER=0 bash -c "$(startup_cmd startup-eager-v1 \
-  rollout.enforce_eager=true ${STARTUP_SET:-})"
+# eager with vLLM's V1 model runner (`rollout.model_runner=v1`, i.e. VLLM_USE_V2_MODEL_RUNNER=0): the V2 runner's
+# ~47 Triton kernels (input preparation, sampling, logprobs) compile on an empty ~/.triton at a machine's first start
+step startup-eager-v1 ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager-v1 rollout.enforce_eager=true \
+  rollout.model_runner=v1 ${STARTUP_SET:-})"
 # what a first start pays once a machine, each part on its own (after a start-up step, these are warm): the GPU's
 # persistence mode, torch's import, CUDA's initialisation, the driver's imports
 step machine ${MACHINE_S:-120} bash -c "nvidia-smi -q | grep -iE 'persistence mode|driver version|cuda version'; \
