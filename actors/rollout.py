@@ -139,11 +139,13 @@ class RolloutWorker:
         began = time.time()
         self._engine_kind = resolve_engine_kind(self.cfg)
         process_context = None
-        if self._engine_kind == "vllm" and self.cfg.rollout.engine_process == "forkserver":
-            from rlsys.engines.vllm_engine import model_architectures, start_engine_core_server
+        if self._engine_kind == "vllm":
+            from rlsys.engines.vllm_engine import export_ray_address, model_architectures, start_engine_core_server
 
-            # the server imports vLLM (and the model's vLLM module) for the engine core while we import vLLM too
-            process_context = start_engine_core_server(architectures=model_architectures(self.model_path))
+            export_ray_address()  # the engine core (and vLLM's Ray workers) join this job's Ray and placement group
+            if self.cfg.rollout.engine_process == "forkserver":
+                # the server imports vLLM (and the model's vLLM module) for the engine core while we import vLLM too
+                process_context = start_engine_core_server(architectures=model_architectures(self.model_path))
         from transformers import AutoTokenizer
 
         from rlsys.proxy.server import ProxyServer, create_app

@@ -16,8 +16,8 @@ module (and its helpers) import on machines without vLLM.
   After `sleep(2)` the weights count as dropped until a push refilled every parameter: generating or scoring
   before that raises instead of serving garbage (vLLM #29341, TRL #5312).
 - Weight push: `load_payload` pickles the transport payload (CUDA IPC handles, or CPU buckets) and sends it
-  to the worker extension (actors/vllm_ext.py) in ONE `collective_rpc` for all buckets. DESIGN.md sketches one
-  RPC per bucket; that pays off when the sender streams through one staging buffer, but `BucketPacker` keeps
+  to the worker extension (actors/vllm_ext.py) in ONE `collective_rpc` for all buckets. One RPC per bucket
+  pays off when the sender streams through one staging buffer, but `BucketPacker` keeps
   every bucket alive for reuse, so all handles are ready at once and one RPC pays the round trip (~1 ms) once.
   It is still one handle per bucket, never one RPC per tensor. For `collective` the payload is a small ticket
   (route, rank, the bucket plan once) and the worker receives the buckets by NCCL broadcast during that RPC.
@@ -128,6 +128,28 @@ def model_architectures(model_path: str) -> tuple[str, ...]:
     except (OSError, ValueError, AttributeError):
         return ()
     return tuple(a for a in found if isinstance(a, str) and a.isidentifier())
+
+
+def export_ray_address() -> str | None:
+    """Where Ray is up (the rollout actor): RAY_ADDRESS = this cluster's GCS address in this process's environment, so that vLLM's
+    engine-core process (forked from the fork server or spawned) and vLLM's Ray executor inside it join the job's
+    Ray, where the job's placement group lives, instead of starting a Ray of their own. Returns the address (None
+    without Ray: nothing to join, nothing set).
+
+    vLLM sets the same variable in `get_mp_context`, but only on its way to forcing `spawn`: with
+    VLLM_WORKER_MULTIPROC_METHOD=spawn already in the environment (a common setting, and the GPU tests' own) it
+    returns before, and the engine core started a local Ray whose placement-group table lacked the job's group
+    (`KeyError: 'bundles'` in `initialize_ray_cluster`). Called before the fork server starts, so the server
+    and every child have it whatever `rollout.engine_process` is."""
+    try:
+        import ray  # noqa: PLC0415
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    address = ray.get_runtime_context().gcs_address
+    os.environ["RAY_ADDRESS"] = address
+    return address
 
 
 MODEL_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
