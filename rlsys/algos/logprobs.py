@@ -1,4 +1,4 @@
-"""Per-token log-probabilities of given targets, and a masked mean.
+"""Per-token log-probabilities of given targets, per-token entropies, and a masked mean.
 
 Shift convention: the caller shifts. ``logits[:, t]`` is the distribution that *predicts*
 ``target_ids[:, t]``; for a causal LM over ``input_ids`` (B, L) that means
@@ -93,6 +93,70 @@ def token_logprobs(
         float(temperature),
         int(rows),
     )  # (B*T,)
+    return flat.view(batch, steps)
+
+
+class _TokenEntropy(torch.autograd.Function):
+    """Entropy of softmax(x / temperature) row by row; x (R, V) -> (R,)."""
+
+    @staticmethod
+    def forward(ctx, logits, temperature, chunk_rows):  # (R, V), float, int
+        compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+        rows = logits.shape[0]
+        out = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
+        lse = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
+        for start in range(0, rows, chunk_rows):
+            end = min(start + chunk_rows, rows)
+            x = logits[start:end].to(compute_dtype)  # (r, V); may alias logits: no in-place ops
+            if temperature != 1.0:
+                x = x / temperature
+            chunk_lse = torch.logsumexp(x, dim=-1)  # (r,)
+            p = torch.exp(x - chunk_lse[:, None])  # (r, V)
+            out[start:end] = chunk_lse - (p * x).sum(-1)  # H = lse - sum_v p_v x_v
+            lse[start:end] = chunk_lse
+        ctx.save_for_backward(logits, lse, out)
+        ctx.temperature = temperature
+        ctx.chunk_rows = chunk_rows
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # (R,)
+        logits, lse, entropy = ctx.saved_tensors
+        temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
+        grad = torch.empty_like(logits)  # (R, V) in the logits' dtype
+        for start in range(0, logits.shape[0], chunk_rows):
+            end = min(start + chunk_rows, logits.shape[0])
+            x = logits[start:end].to(lse.dtype)
+            if temperature != 1.0:
+                x = x / temperature
+            # d/dx_v H = -p_v (log p_v + H) / temperature
+            log_p = x - lse[start:end, None]  # (r, V), a fresh tensor
+            chunk_grad = torch.exp(log_p) * (log_p + entropy[start:end, None])
+            chunk_grad.mul_((-grad_out[start:end].to(lse.dtype) / temperature)[:, None])
+            grad[start:end] = chunk_grad
+        return grad, None, None
+
+
+def token_entropy(
+    logits: torch.Tensor,  # (B, T, V) any float dtype
+    temperature: float = 1.0,
+    *,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:  # (B, T) float32 (float64 for float64 logits), in nats
+    """Entropy of ``softmax(logits / temperature)`` at every position, without a full float32 copy.
+
+    Chunked like ``token_logprobs``: keeps only the per-row logsumexp and entropy for backward and
+    recomputes the softmax there. Differentiable with respect to ``logits`` (once), for an entropy
+    bonus; under ``torch.no_grad`` it is a read-only pass over the logits.
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"token_entropy: logits {tuple(logits.shape)} must be (B, T, V)")
+    if temperature <= 0:
+        raise ValueError(f"token_entropy: temperature must be > 0, got {temperature}")
+    batch, steps, vocab = logits.shape
+    rows = chunk_rows if chunk_rows is not None else max(1, _CHUNK_BYTES // (4 * max(vocab, 1)))
+    flat = _TokenEntropy.apply(logits.reshape(batch * steps, vocab), float(temperature), int(rows))  # (B*T,)
     return flat.view(batch, steps)
 
 

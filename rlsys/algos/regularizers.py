@@ -1,0 +1,86 @@
+"""Terms added to the policy loss: an entropy bonus and a KL penalty to a frozen reference policy.
+
+For the sampled (loss-masked) tokens t of the sequences i of one optimizer batch, with H_i,t the entropy of the
+policy's next-token distribution and d_i,t = logp_ref[i, t] - logp_new[i, t]:
+
+    k3_i,t  = exp(d_i,t) - d_i,t - 1                     (Schulman's k3 estimator of KL(pi_new || pi_ref))
+    loss    = ( kl_coef * sum_{i,t} k3_i,t - entropy_coef * sum_{i,t} H_i,t ) / normalizer
+
+so `loss -= entropy_coef * mean entropy` and `loss += kl_coef * mean KL`, added to GSPO's or GRPO's loss.
+
+Choices, on purpose:
+
+- Token-mean over the batch's sampled tokens for both terms, whatever the policy loss aggregates (GSPO: sequences,
+  GRPO: tokens); verl's default `token-mean` for its kl and entropy terms. Pass ``normalizer`` = the sampled tokens of
+  the whole optimizer batch and the micro-batch losses sum to the batch mean.
+- k3 is non-negative, unbiased for samples of pi_new, and has the low variance that made it the default of GRPO's
+  paper and verl's `low_var_kl`. d is clamped to [-20, 20] before exp (as verl does), so one token whose
+  reference logprob collapsed gives a large finite penalty, not inf.
+- The entropy is exact (the whole vocabulary, `rlsys.algos.logprobs.token_entropy`), not the sampled token's
+  surprisal; its gradient flows only when an entropy coefficient is set (the caller computes it under no_grad
+  otherwise).
+- Metrics (`train/entropy`, `train/kl_ref`) are this micro-batch's token means, logged whether or not the
+  coefficients are set, so the entropy can be watched without adding a bonus.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlsys.algos.logprobs import masked_mean
+
+_MAX_LOG_RATIO = 20.0
+
+
+@dataclass(frozen=True)
+class RegularizerConfig:
+    entropy_coef: float = 0.0  # loss -= entropy_coef * token-mean entropy; 0 = no bonus
+    kl_coef: float = 0.0  # loss += kl_coef * token-mean k3 KL to the reference; 0 = no penalty
+
+    def __post_init__(self) -> None:
+        if self.entropy_coef < 0.0 or self.kl_coef < 0.0:
+            raise ValueError(f"RegularizerConfig: coefficients must be >= 0: {self}")
+
+
+def kl_k3(
+    logp_new: torch.Tensor,  # (B, T) policy logprobs of the sampled tokens
+    logp_ref: torch.Tensor,  # (B, T) reference logprobs of the same tokens
+) -> torch.Tensor:  # (B, T) >= 0
+    """Per-token k3 estimate of KL(pi_new || pi_ref): exp(d) - d - 1 with d = logp_ref - logp_new (clamped)."""
+    d = (logp_ref.detach() - logp_new).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # (B, T)
+    return torch.exp(d) - d - 1.0
+
+
+def regularizer_loss(
+    loss_mask: torch.Tensor,  # (B, T) bool or 0/1: 1 on sampled tokens only
+    cfg: RegularizerConfig = RegularizerConfig(),
+    entropy: torch.Tensor | None = None,  # (B, T) policy entropy at each position; with grad for a bonus
+    logp_new: torch.Tensor | None = None,  # (B, T) policy logprobs, with grad; needed with logp_ref
+    logp_ref: torch.Tensor | None = None,  # (B, T) frozen reference logprobs; None = no KL term
+    normalizer: float | None = None,  # sampled tokens in the whole optimizer batch; default: this one's
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar loss term (to add to the policy loss) and this micro-batch's `train/entropy` / `train/kl_ref`."""
+    mask = loss_mask.bool()  # (B, T)
+    for name, x in (("entropy", entropy), ("logp_new", logp_new), ("logp_ref", logp_ref)):
+        if x is not None and x.shape != mask.shape:
+            raise ValueError(f"regularizer_loss: {name} {tuple(x.shape)} must match loss_mask {tuple(mask.shape)}")
+    if logp_ref is not None and logp_new is None:
+        raise ValueError("regularizer_loss: logp_ref needs logp_new")
+    if normalizer is not None and normalizer <= 0:
+        raise ValueError(f"regularizer_loss: normalizer must be > 0, got {normalizer}")
+    denom = normalizer if normalizer is not None else mask.sum().clamp(min=1)
+    device = mask.device
+    loss = torch.zeros((), device=device)
+    metrics: dict[str, float] = {}
+    zero = torch.zeros((), device=device)
+    if entropy is not None:
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * torch.where(mask, entropy, zero.to(entropy.dtype)).sum() / denom
+        metrics["train/entropy"] = float(masked_mean(entropy.detach(), mask))
+    if logp_ref is not None:
+        k3 = kl_k3(logp_new, logp_ref)  # (B, T)
+        if cfg.kl_coef:
+            loss = loss + cfg.kl_coef * torch.where(mask, k3, zero.to(k3.dtype)).sum() / denom
+        metrics["train/kl_ref"] = float(masked_mean(k3.detach(), mask))
+    return loss, metrics
