@@ -18,28 +18,55 @@ from typing import Any
 import torch
 
 
+GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM's _SAMPLING_EPS): 1/T overflows float32
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or anything below GREEDY_BELOW) means greedy
     top_p: float = 1.0
     seed: int | None = None  # per-request seed: same seed + same weights -> same tokens
     stop_token_ids: tuple[int, ...] = ()  # generation also stops at the tokenizer's eos ids
+    # Stop strings (OpenAI ``stop``): generation ends with the token whose text completes one of them. That
+    # token stays in ``token_ids`` (it was sampled); the proxy cuts the message text before the string.
+    stop: tuple[str, ...] = ()
+    # OpenAI's penalties, on the logits before temperature/top-p: logit[t] -= frequency_penalty * count(t)
+    # + presence_penalty * (count(t) > 0), count over the tokens generated so far (not the prompt), then
+    # logit[t] += logit_bias[t]. The logprobs returned stay those of the raw distribution.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, ids sorted
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also NaN
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
 
 @dataclass
 class GenerateOutput:
     token_ids: list[int]  # (C,) sampled ids, the stop token included when one ended generation
     logprobs: list[float]  # (C,) raw-distribution logprob of each sampled id
-    finish_reason: str = "stop"  # "stop" (eos/stop id) | "length" (max_new_tokens reached)
+    finish_reason: str = "stop"  # "stop" (eos/stop id/stop string) | "length" (max_new_tokens reached)
     extra: dict = field(default_factory=dict)
 
 

@@ -12,12 +12,17 @@ finish. Requests of a batch with the same prompt ids (the n samples of a group) 
 copy its KV cache rows (``share_prefill``); each keeps its own generator, so its samples are the ones
 an unshared prefill gives (up to the numerics of the smaller prefill batch).
 
-Sampling is per request: temperature (0 = greedy), top-p, and a ``torch.Generator`` seeded from
+Sampling is per request: temperature (0, or below ``GREEDY_BELOW``, = greedy), top-p, OpenAI's frequency and
+presence penalties and logit bias (applied to the logits first, as vLLM does), and a ``torch.Generator`` seeded from
 ``SamplingParams.seed`` (or from an engine-level generator seeded at construction). Each sampled
 token consumes exactly one uniform from the request's own generator, so the random stream does not
 depend on which other requests share the batch; the logits can still differ in the last bits with
 the batch's padding and shape, so a seeded token is reproducible across batch compositions only "as
 far as numerics allow" (a flip needs the uniform to land within ~1e-7 of a CDF boundary).
+
+Stop strings: after each token of a request that has them, the tail of its decoded text (enough tokens to hold
+the longest stop string, byte tokens included) is searched; the token that completes a stop string ends the
+request and stays in its ``token_ids``. The tokenizer is loaded from ``model_path`` the first time it is needed.
 
 Logprobs are those of the raw distribution (log_softmax at temperature 1, no top-p) at the sampled
 token: the quantity the learner recomputes (vLLM's ``logprobs_mode=raw_logprobs``).
@@ -156,6 +161,8 @@ class TransformersEngine(Engine):
         load_kwargs = {"dtype": dtype}
         if attn_implementation is not None:
             load_kwargs["attn_implementation"] = attn_implementation
+        self.model_path = model_path
+        self._tokenizer = None  # loaded on the first request with stop strings
         self.model = AutoModelForCausalLM.from_pretrained(model_path, **load_kwargs).to(self.device).eval()
         self.model.requires_grad_(False)
         config = self.model.config
@@ -429,10 +436,16 @@ class TransformersEngine(Engine):
         active = list(range(n))  # request index of each batch row
         next_pos = torch.tensor([len(r.prompt_ids) for r in reqs], device=self.device)  # (b,)
 
+        stop_text = [_StopText(self._stop_tokenizer(), r.params.stop) if r.params.stop else None for r in reqs]
+        counts = [torch.zeros(self.vocab_size, device=self.device) if r.params.adjusts_logits else None
+                  for r in reqs]  # (V,) times each token was generated, for the penalties
+
         # ---- decode: sample, record, drop finished rows, feed the sampled tokens
         while True:
             raw = torch.log_softmax(logits.float(), dim=-1)  # (b, V) raw distribution, T = 1
-            sampled_t = self._sample_rows(logits, [reqs[i].params for i in active], [reqs[i].generator for i in active])
+            params = [reqs[i].params for i in active]
+            sampled_t = self._sample_rows(_adjusted_logits(logits, params, [counts[i] for i in active]), params,
+                                          [reqs[i].generator for i in active])
             sampled = sampled_t.tolist()
             sampled_logprobs = raw.gather(1, sampled_t.unsqueeze(1)).squeeze(1).tolist()  # (b,)
             keep = []
@@ -440,7 +453,9 @@ class TransformersEngine(Engine):
                 tok = sampled[row]
                 tokens[i].append(tok)
                 logprobs[i].append(sampled_logprobs[row])
-                if tok in stops[i]:
+                if counts[i] is not None:
+                    counts[i][tok] += 1
+                if tok in stops[i] or (stop_text[i] is not None and stop_text[i].completed(tokens[i])):
                     finish[i] = "stop"
                 elif len(tokens[i]) < reqs[i].params.max_new_tokens:
                     keep.append(row)
@@ -461,6 +476,13 @@ class TransformersEngine(Engine):
         return [
             GenerateOutput(token_ids=tokens[i], logprobs=logprobs[i], finish_reason=finish[i]) for i in range(n)
         ]
+
+    def _stop_tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer  # noqa: PLC0415
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
 
     def _prefill(self, prompts: list[list[int]], max_new_tokens: int):
         """Last-position logits (n, V), the KV cache and the (n, L) attention mask of ``prompts``.
@@ -496,7 +518,7 @@ class TransformersEngine(Engine):
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # (b,)
         by_setting: dict[tuple[float, float], list[int]] = {}
         for row, p in enumerate(params):
-            by_setting.setdefault((p.temperature, p.top_p), []).append(row)
+            by_setting.setdefault((0.0 if p.greedy else p.temperature, p.top_p), []).append(row)
         for (temperature, top_p), rows in by_setting.items():
             idx_rows = torch.tensor(rows, device=logits.device)
             sub = logits[idx_rows].float()  # (k, V)
@@ -550,3 +572,35 @@ class TransformersEngine(Engine):
             cont = torch.tensor(r.continuation_ids, device=self.device)
             result.append(raw[i, rows, cont].tolist())
         return result
+
+
+def _adjusted_logits(logits: torch.Tensor, params: list[SamplingParams], counts: list[torch.Tensor | None]):
+    """``logits`` (b, V) with each row's penalties and logit bias applied (a copy; the input when none has any)."""
+    if not any(p.adjusts_logits for p in params):
+        return logits
+    out = logits.float().clone()  # (b, V)
+    for row, (p, count) in enumerate(zip(params, counts)):
+        if not p.adjusts_logits:
+            continue
+        out[row] -= p.frequency_penalty * count + p.presence_penalty * (count > 0).float()
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias], device=out.device)
+            out[row, ids] += torch.tensor([b for _, b in p.logit_bias], device=out.device)
+    return out
+
+
+class _StopText:
+    """Whether a request's generated tokens just completed one of its stop strings.
+
+    Only a tail of the tokens is decoded at each step: a stop string of L characters spans at most 4 * L tokens
+    (a character can take up to 4 byte tokens), plus one token before it so that the tail's first character
+    is decoded as in the full text (byte tokens cut mid-character, a tokenizer's leading-space rules)."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.window = 4 * max(len(s) for s in stop) + 1
+
+    def completed(self, tokens: list[int]) -> bool:
+        tail = self.tokenizer.decode(tokens[-self.window:], skip_special_tokens=False)
+        return any(s in tail for s in self.stop)

@@ -9,8 +9,9 @@ module (and its helpers) import on machines without vLLM.
   token's), so `GenerateOutput.logprobs` are log_softmax of the raw logits at temperature 1, the quantity the
   learner recomputes, whatever temperature or top-p sampled the token. `score` uses `prompt_logprobs=0`
   (computed from the raw logits too; vLLM skips the prefix cache for such requests).
-- Stop: at the model's eos ids (generation_config) and the request's stop ids; the stop token stays in
-  `token_ids`, as with the CPU engine.
+- Stop: at the model's eos ids (generation_config), the request's stop ids and stop strings; the stop token (or
+  the token completing a stop string) stays in `token_ids`, as with the CPU engine. Temperature, top-p, penalties
+  and logit bias map one to one onto vLLM's `SamplingParams` (vLLM too samples greedily below 1e-5).
 - Sleep mode (`enable_sleep_mode`): `sleep(1)` offloads weights to CPU and drops the KV cache, `sleep(2)` drops
   both; `wake(["weights"])` then `wake(["kv_cache"])` lets the weight push land before the KV cache comes back.
   After `sleep(2)` the weights count as dropped until a push refilled every parameter: generating or scoring
@@ -405,7 +406,10 @@ class VLLMEngine(Engine):
         sampling = VllmSamplingParams(
             n=1, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p, seed=seed,
             stop_token_ids=sorted(set(params.stop_token_ids) | set(self.eos_token_ids)), logprobs=0,
-            detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+            # stop strings need vLLM's detokenizer; the token completing one stays in token_ids
+            stop=list(params.stop), detokenize=bool(params.stop),
+            frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
+            logit_bias=dict(params.logit_bias) or None, output_kind=RequestOutputKind.FINAL_ONLY,
         )
         final = await self._run(prompt, sampling)
         completion = final.outputs[0]
