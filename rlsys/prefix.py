@@ -29,10 +29,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
-from rlsys.algos.logprobs import token_logprobs
+from rlsys.algos.logprobs import token_entropy, token_logprobs
+
+EntropyMode = Literal["grad", "no_grad"] | None  # also return the entropies; with or without their graph
 
 
 @dataclass(frozen=True)
@@ -114,10 +117,27 @@ def _cache_kwarg(model: torch.nn.Module) -> str | None:
     return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
-def plain_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T-1) logprobs of input_ids[:, 1:] from one full forward: the path prefix sharing must equal."""
+def plain_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         entropy: EntropyMode = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """(B, T-1) logprobs of input_ids[:, 1:] from one full forward: the path prefix sharing must equal.
+
+    With `entropy` ("grad" or "no_grad") also the (B, T-1) entropy of each position's distribution, from the
+    same logits (see `_logprobs_from_logits`)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
-    return token_logprobs(logits[:, :-1].float(), input_ids[:, 1:])
+    return _logprobs_from_logits(logits[:, :-1].float(), input_ids[:, 1:], entropy)
+
+
+def _logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor,
+                          entropy: EntropyMode) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """logits (B, T, V), targets (B, T) -> logprobs (B, T), and with `entropy` the entropies (B, T): "grad" keeps
+    their graph (an entropy bonus), "no_grad" only reads the logits (the metric; no memory kept for backward)."""
+    logp = token_logprobs(logits, targets)
+    if entropy is None:
+        return logp
+    if entropy == "grad":
+        return logp, token_entropy(logits)
+    with torch.no_grad():
+        return logp, token_entropy(logits)
 
 
 def shared_token_logprobs(
@@ -125,29 +145,33 @@ def shared_token_logprobs(
     input_ids: torch.Tensor,  # (B, T) right-padded
     attention_mask: torch.Tensor,  # (B, T) 1 on real tokens
     groups: PrefixGroups,
-) -> torch.Tensor:  # (B, T-1): [b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1])
+    entropy: EntropyMode = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # (B, T-1): [b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1])
     """Per-token logprobs of a micro-batch, the groups' prefixes run once (see the module docstring).
 
     Equal to `plain_token_logprobs` wherever input_ids[b, t+1] comes after the row's shared prefix (every
-    loss-masked token); 0 on a shared row's prefix and padding positions, which are never loss-masked."""
+    loss-masked token); 0 on a shared row's prefix and padding positions, which are never loss-masked. With
+    `entropy`, also the (B, T-1) entropies, equal to the plain path's at the same positions (0 where logprobs are)."""
     B, T = input_ids.shape
     device = input_ids.device
     order = groups.rest + [r for m in groups.members for r in m]
     if sorted(order) != list(range(B)):
         raise ValueError(f"shared_token_logprobs: groups cover rows {sorted(order)}, the batch has {B}")
-    parts = []
+    parts = []  # each a (B_part, T-1) tensor, or a (logprobs, entropies) pair of them
     if groups.rest:
         rest = torch.tensor(groups.rest, device=device)
-        parts.append(plain_token_logprobs(model, input_ids[rest], attention_mask[rest]))  # (B_r, T-1)
+        parts.append(plain_token_logprobs(model, input_ids[rest], attention_mask[rest], entropy))  # (B_r, T-1)
     if groups.members:
-        parts.append(_suffix_logprobs(model, input_ids, attention_mask, groups, T))  # (B_s, T-1)
-    logp = torch.cat(parts)  # (B, T-1) in `order`
+        parts.append(_suffix_logprobs(model, input_ids, attention_mask, groups, T, entropy))  # (B_s, T-1)
     inverse = torch.empty(B, dtype=torch.long, device=device)
     inverse[torch.tensor(order, device=device)] = torch.arange(B, device=device)
-    return logp[inverse]
+    if entropy is None:
+        return torch.cat(parts)[inverse]  # (B, T-1), from `order` back to the batch's
+    return torch.cat([p[0] for p in parts])[inverse], torch.cat([p[1] for p in parts])[inverse]
 
 
-def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: int) -> torch.Tensor:
+def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: int,
+                     entropy: EntropyMode = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     from transformers import DynamicCache
 
     device, pad = input_ids.device, 0
@@ -182,7 +206,7 @@ def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: 
     positions = start[:, None] + torch.arange(S, device=device)[None, :]  # (B_s, S)
     logits = model(input_ids=suffix, attention_mask=mask, position_ids=positions, use_cache=True,
                    **{kw: cache}).logits  # (B_s, S, V)
-    suffix_lp = token_logprobs(logits[:, :-1].float(), suffix[:, 1:])  # (B_s, S-1)
+    out = _logprobs_from_logits(logits[:, :-1].float(), suffix[:, 1:], entropy)  # (B_s, S-1), or a pair
 
     # Phase 4: back onto the full rows' positions: suffix column j is full column start + j.
     k_idx, j_idx = [], []
@@ -191,5 +215,9 @@ def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: 
         j_idx += range(n - 1)
     k_t = torch.tensor(k_idx, dtype=torch.long, device=device)
     j_t = torch.tensor(j_idx, dtype=torch.long, device=device)
-    full = torch.zeros((len(rows), T - 1), dtype=suffix_lp.dtype, device=device)  # (B_s, T-1)
-    return full.index_put((k_t, start[k_t] + j_t), suffix_lp[k_t, j_t])
+
+    def to_full(x: torch.Tensor) -> torch.Tensor:  # (B_s, S-1) -> (B_s, T-1)
+        full = torch.zeros((len(rows), T - 1), dtype=x.dtype, device=device)
+        return full.index_put((k_t, start[k_t] + j_t), x[k_t, j_t])
+
+    return to_full(out) if entropy is None else (to_full(out[0]), to_full(out[1]))

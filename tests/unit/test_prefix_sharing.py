@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlsys.algos import GSPOConfig, gspo_loss
+from rlsys.algos import GSPOConfig, RegularizerConfig, gspo_loss, regularizer_loss
 from rlsys.prefix import (PrefixGroups, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported)
 from rlsys.types import Segment, Trajectory
@@ -106,6 +106,35 @@ def test_gspo_gradients_equal_the_full_forward(model):
     model.zero_grad(set_to_none=True)
     for name, g in plain.items():
         assert g.abs().sum() > 0 or name.endswith("bias"), f"{name}: no gradient on the plain path"
+        torch.testing.assert_close(shared[name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+def test_shared_entropies_and_their_gradients_equal_the_full_forward(model):
+    rows = _segments()
+    ids, attn, mask = _batch(rows)
+    groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
+    sampled = mask.bool()
+    with torch.no_grad():
+        lp_plain, h_plain = plain_token_logprobs(model, ids, attn, entropy="no_grad")  # (B, T-1) each
+        lp_shared, h_shared = shared_token_logprobs(model, ids, attn, groups, entropy="no_grad")
+    assert torch.equal(lp_plain, plain_token_logprobs(model, ids, attn))
+    assert torch.allclose(lp_shared[sampled], lp_plain[sampled], atol=1e-5, rtol=0)
+    assert torch.allclose(h_shared[sampled], h_plain[sampled], atol=1e-5, rtol=0), \
+        f"sampled-position entropies differ by up to {(h_shared - h_plain)[sampled].abs().max():.2e}"
+    assert (h_plain[sampled] > 0).all()
+
+    def grads(fn):  # the gradient of an entropy bonus alone
+        model.zero_grad(set_to_none=True)
+        _, h = fn(model, ids, attn)
+        loss, _ = regularizer_loss(mask, RegularizerConfig(entropy_coef=0.5), entropy=h)
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads(lambda m, i, a: plain_token_logprobs(m, i, a, entropy="grad"))
+    shared = grads(lambda m, i, a: shared_token_logprobs(m, i, a, groups, entropy="grad"))
+    model.zero_grad(set_to_none=True)
+    assert plain and plain.keys() == shared.keys()
+    for name, g in plain.items():
         torch.testing.assert_close(shared[name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
