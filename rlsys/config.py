@@ -174,6 +174,19 @@ class AlgoConfig(_Section):
     scores is not reinforced into ever longer answers. Counted in `adv/truncated_masked_frac`."""
     n_minibatches: int = Field(1, ge=1)
     """Optimizer steps per rollout batch; with 1, the GSPO ratio is 1 and GSPO is sequence REINFORCE."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (verl's `algorithm.filter_groups.enable`): drop the groups whose valid rewards all
+    agree (no advantage, no signal) and sample more boards in the same rollout phase until `rollout.batch_size`
+    groups with signal or `max_sample_rounds` rounds; the step trains on the kept groups (fewer if the cap was hit,
+    none: the update is skipped). Counted in `rollout/groups_sampled`, `groups_kept`, `zero_var_group_frac`
+    (before the filter) and `sample_rounds` (rlsys/sampling.py)."""
+    max_sample_rounds: int = Field(3, ge=1)
+    """Cap of dynamic sampling (verl's `filter_groups.max_num_gen_batches`, but here reaching it trains on what was
+    kept instead of raising): rounds of sampling per step, the first (`batch_size` boards) included; 1 = filter
+    only. With `max_oversample` F a step samples at most `batch_size x (1 + F x (max_sample_rounds - 1))` boards."""
+    max_oversample: float = Field(4.0, ge=1.0)
+    """Dynamic sampling's top-up size: a top-up round samples (missing groups / keep rate so far) boards, all at
+    once, at most this many boards per missing group (also its size when nothing was kept yet)."""
 
     def clip_eps(self) -> tuple[float, float]:
         defaults = {"gspo": (3e-4, 4e-4), "grpo": (0.2, 0.28), "sft": (0.0, 0.0)}[self.name]
@@ -309,6 +322,8 @@ class Config(_Section):
         r, a, c = self.rollout, self.algo, self.cluster
         if a.name in ("gspo", "grpo") and r.n_samples < 2:
             raise ValueError(f"rollout.n_samples: {a.name} needs >= 2 samples per item for a group baseline")
+        if a.dynamic_sampling and a.name == "sft":
+            raise ValueError("algo.dynamic_sampling: filters groups by their rewards; SFT has neither")
         total = r.batch_size * (1 if a.name == "sft" else r.n_samples)  # SFT: one example per item
         if total % a.n_minibatches:
             raise ValueError(

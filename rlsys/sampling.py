@@ -1,0 +1,109 @@
+"""Dynamic sampling (DAPO's group filter), as pure bookkeeping over the driver's trajectory summaries.
+
+A group (the `n_samples` episodes of one board) whose valid rewards all agree gets advantage 0 for every member
+(rlsys/algos/advantages.py): it costs a forward/backward and teaches nothing. Under `algo.dynamic_sampling` the
+rollout phase (`jobs.cluster.Job.rollout_until_full`) drops such groups and samples more boards until the batch
+holds `rollout.batch_size` groups with signal or `algo.max_sample_rounds` rounds were sampled:
+
+    sieve = GroupSieve(want=batch_size, ...)
+    boards = batch_size
+    while boards:                                   # one round: all its boards x samples submitted at once
+        summaries = sample(next boards)             # group ids continue across rounds (`sieve.groups_seen`)
+        sieve.add(summaries)
+        boards = sieve.next_round()                 # 0: full, or the cap was hit
+    train on the groups in sieve.kept()             # at most batch_size; the surplus is dropped, counted
+
+A top-up round is sized by the shortfall and the keep rate seen so far this step (boards = missing groups / keep
+rate), at most `algo.max_oversample` boards per missing group, so a step of mostly settled boards needs one extra
+round, not one round trip per group.
+
+"Valid" is the learner's own definition, so that a kept group has signal in the advantage code too: not failed, a
+non-empty response, and (under `algo.mask_truncated`) no turn cut at `max_new_tokens`. A group with fewer than two
+valid members has no signal. Departures from DAPO/verl, on purpose: verl raises once `max_num_gen_batches` is
+reached; here the step trains on what was kept (and skips the update when nothing was). The surplus of the last
+round is dropped in sampling order (earlier rounds and lower group ids first), not at random.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class _Summary(Protocol):  # rlsys.types.TrajectorySummary's fields read here
+    group: int
+    reward: float
+    failed: bool
+    response_len: int
+    truncated_turns: int
+
+
+def is_valid(s: _Summary, mask_truncated: bool = False) -> bool:
+    """Whether the learner's advantage code counts this trajectory in its group's baseline (actors/learner.py)."""
+    return not s.failed and s.response_len > 0 and not (mask_truncated and s.truncated_turns > 0)
+
+
+def group_signal(summaries: Iterable[_Summary], mask_truncated: bool = False) -> dict[int, bool]:
+    """Group id -> whether the group carries a learning signal (>= 2 valid members whose rewards differ), in the
+    order the groups first appear."""
+    rewards: dict[int, list[float]] = {}
+    for s in summaries:
+        mine = rewards.setdefault(s.group, [])
+        if is_valid(s, mask_truncated):
+            mine.append(float(s.reward))
+    return {g: len(r) >= 2 and min(r) != max(r) for g, r in rewards.items()}
+
+
+def top_up_boards(missing: int, kept: int, sampled: int, max_oversample: float) -> int:
+    """Boards for the next round: ``missing`` groups at the keep rate seen so far (``kept`` of ``sampled``
+    groups), at most ``max_oversample`` boards per missing group (also the rate assumed when nothing was kept)."""
+    if missing <= 0:
+        return 0
+    rate = max(kept / sampled if sampled else 1.0, 1.0 / max_oversample)
+    return max(missing, math.ceil(missing / rate - 1e-9))
+
+
+@dataclass
+class GroupSieve:
+    """One step's dynamic-sampling state: which groups were sampled and kept, and how many boards to sample next.
+
+    With ``enabled`` False every group is kept and there is a single round (the counts are still reported)."""
+
+    want: int  # groups with signal the batch needs (`rollout.batch_size`)
+    max_rounds: int = 1  # `algo.max_sample_rounds`: rounds of sampling per step, the first included
+    max_oversample: float = 4.0  # `algo.max_oversample`: at most this many boards per missing group in a top-up
+    mask_truncated: bool = False  # `algo.mask_truncated`: cut-off trajectories are not valid members
+    enabled: bool = True
+    rounds: int = 0
+    groups_seen: int = 0  # groups sampled so far; the next round's group ids start here
+    zero_var: int = 0  # sampled groups without signal
+    _kept: list[int] = field(default_factory=list)  # group ids kept, in sampling order (may exceed `want`)
+
+    def add(self, summaries: Iterable[_Summary]) -> None:
+        """One round's summaries (all its groups, every member)."""
+        signal = group_signal(summaries, self.mask_truncated)
+        self.rounds += 1
+        self.groups_seen += len(signal)
+        self.zero_var += sum(not s for s in signal.values())
+        self._kept += [g for g, s in signal.items() if s or not self.enabled]
+
+    def next_round(self) -> int:
+        """Boards to sample in the next round; 0 when the batch is full, the cap was hit or filtering is off."""
+        if not self.enabled or self.rounds >= self.max_rounds:
+            return 0
+        return top_up_boards(self.want - len(self._kept), len(self._kept), self.groups_seen, self.max_oversample)
+
+    def kept(self) -> set[int]:
+        """The group ids to train on: the first ``want`` kept, in sampling order."""
+        return set(self._kept[: self.want])
+
+    def metrics(self) -> dict[str, float]:
+        """`rollout/groups_sampled`, `rollout/groups_kept` (what the learner gets), `rollout/groups_surplus` (had
+        signal, dropped beyond `batch_size`), `rollout/zero_var_group_frac` (of the sampled groups, before the
+        filter: the learner's `adv/zero_var_group_frac` is the same measure after it), `rollout/sample_rounds`."""
+        kept = min(len(self._kept), self.want)
+        return {"rollout/groups_sampled": float(self.groups_seen), "rollout/groups_kept": float(kept),
+                "rollout/groups_surplus": float(len(self._kept) - kept),
+                "rollout/zero_var_group_frac": self.zero_var / self.groups_seen if self.groups_seen else 0.0,
+                "rollout/sample_rounds": float(self.rounds)}

@@ -1,0 +1,136 @@
+"""Dynamic sampling's filter and top-up (rlsys/sampling.py), on hand-made summaries: no Ray, no model."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rlsys.algos.advantages import group_advantages
+from rlsys.sampling import GroupSieve, group_signal, top_up_boards
+from rlsys.types import TrajectorySummary
+
+
+def summary(group: int, reward: float, failed: bool = False, response_len: int = 5,
+            truncated: int = 0) -> TrajectorySummary:
+    return TrajectorySummary(item_id=f"b{group}", group=group, sample=0, reward=reward, outcome="", failed=failed,
+                             fail_reason="reward_error: x" if failed else "", response_len=response_len,
+                             num_turns=1, segment_breaks=0, truncated_turns=truncated)
+
+
+def groups(*rewards_per_group: list[float], first: int = 0) -> list[TrajectorySummary]:
+    return [summary(first + g, r) for g, rs in enumerate(rewards_per_group) for r in rs]
+
+
+def test_a_group_whose_rewards_all_agree_has_no_signal_and_one_that_differs_has():
+    signal = group_signal(groups([1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [-1.0, -1.0, -1.0], [0.5, 0.5, 0.25]))
+    assert signal == {0: False, 1: True, 2: False, 3: True}
+
+
+def test_failed_empty_and_masked_truncated_members_do_not_count_as_the_advantage_code_says():
+    # the only differing reward is a failed one (its value is never read): no signal
+    assert group_signal([summary(0, 1.0), summary(0, 1.0), summary(0, 0.0, failed=True)]) == {0: False}
+    # one valid member left: no baseline, no signal
+    assert group_signal([summary(0, 1.0), summary(0, 0.0, failed=True), summary(0, 0.0, response_len=0)]) == {0: False}
+    cut = [summary(0, 1.0), summary(0, 1.0), summary(0, 0.0, truncated=1)]
+    assert group_signal(cut) == {0: True}
+    assert group_signal(cut, mask_truncated=True) == {0: False}
+
+
+def test_the_filter_agrees_with_the_advantage_code_on_random_groups():
+    """A kept group is exactly one where group_advantages gives some member a nonzero advantage."""
+    rng = random.Random(0)
+    batch = [summary(g, rng.choice([0.0, 0.5, 1.0]), failed=rng.random() < 0.2, response_len=rng.choice([0, 3, 3, 3]))
+             for g in range(200) for _ in range(4)]
+    signal = group_signal(batch)
+    adv, _ = group_advantages(torch.tensor([s.reward for s in batch]), torch.tensor([s.group for s in batch]),
+                              torch.tensor([not s.failed and s.response_len > 0 for s in batch]))
+    nonzero = {s.group for s, a in zip(batch, adv.tolist()) if a != 0.0}
+    assert {g for g, s in signal.items() if s} == nonzero
+    assert 0 < len(nonzero) < 200  # both kinds present
+
+
+def test_sieve_drops_every_zero_variance_group_and_keeps_every_group_with_signal():
+    sieve = GroupSieve(want=4, max_rounds=3)
+    sieve.add(groups([1, 1], [0, 1], [1, 1], [0, 0]))  # groups 0..3: only 1 has signal
+    assert sieve.kept() == {1}
+    assert sieve.groups_seen == 4
+    assert sieve.next_round() == 12  # 3 missing at a keep rate of 1/4
+    sieve.add(groups(*[[0, 1] if g % 2 else [1, 1] for g in range(12)], first=sieve.groups_seen))
+    assert sieve.kept() == {1, 5, 7, 9}  # the first 3 of the 6 with signal: 5, 7, 9; then 11, 13, 15 are surplus
+    assert sieve.next_round() == 0
+    assert sieve.metrics() == {"rollout/groups_sampled": 16.0, "rollout/groups_kept": 4.0,
+                               "rollout/groups_surplus": 3.0, "rollout/zero_var_group_frac": 9 / 16,
+                               "rollout/sample_rounds": 2.0}
+
+
+def test_a_reward_that_is_always_the_same_ends_at_the_cap_with_nothing_kept():
+    sieve = GroupSieve(want=4, max_rounds=3, max_oversample=4.0)
+    sizes = []
+    boards = 4
+    while boards:
+        sieve.add(groups(*[[0.5] * 4] * boards, first=sieve.groups_seen))
+        sizes.append(boards)
+        boards = sieve.next_round()
+    assert sizes == [4, 16, 16]  # a top-up round: 4 boards per missing group when nothing was kept
+    assert sieve.kept() == set()
+    assert sieve.metrics() == {"rollout/groups_sampled": 36.0, "rollout/groups_kept": 0.0,
+                               "rollout/groups_surplus": 0.0, "rollout/zero_var_group_frac": 1.0,
+                               "rollout/sample_rounds": 3.0}
+
+
+def test_the_cap_keeps_what_was_found():
+    sieve = GroupSieve(want=4, max_rounds=2)
+    sieve.add(groups([0, 1], [1, 1], [1, 1], [1, 1]))
+    sieve.add(groups(*[[1, 1]] * sieve.next_round(), first=sieve.groups_seen))
+    assert sieve.next_round() == 0 and sieve.kept() == {0}
+    assert sieve.metrics()["rollout/groups_kept"] == 1.0 and sieve.metrics()["rollout/sample_rounds"] == 2.0
+
+
+def test_a_full_first_round_needs_no_top_up():
+    sieve = GroupSieve(want=2, max_rounds=5)
+    sieve.add(groups([0, 1], [1, 0]))
+    assert sieve.next_round() == 0 and sieve.kept() == {0, 1}
+
+
+def test_disabled_keeps_every_group_in_one_round_and_still_counts_zero_variance():
+    sieve = GroupSieve(want=3, max_rounds=5, enabled=False)
+    sieve.add(groups([1, 1], [0, 1], [0, 0]))
+    assert sieve.next_round() == 0 and sieve.kept() == {0, 1, 2}
+    assert sieve.metrics()["rollout/zero_var_group_frac"] == pytest.approx(2 / 3)
+    assert sieve.metrics()["rollout/groups_kept"] == 3.0
+
+
+@pytest.mark.parametrize(("missing", "kept", "sampled", "cap", "boards"), [
+    (0, 4, 8, 4.0, 0),  # full
+    (3, 1, 4, 4.0, 12),  # keep rate 1/4
+    (2, 2, 4, 4.0, 4),  # keep rate 1/2
+    (3, 3, 4, 4.0, 4),  # keep rate 3/4: ceil(4.0), no float round-up to 5
+    (3, 0, 4, 4.0, 12),  # nothing kept: the cap's rate
+    (3, 1, 100, 4.0, 12),  # keep rate 1/100, capped at 4 boards per missing group
+    (3, 1, 100, 1.0, 3),  # no oversampling: just the missing boards
+])
+def test_top_up_size_follows_the_keep_rate_within_the_cap(missing, kept, sampled, cap, boards):
+    assert top_up_boards(missing, kept, sampled, cap) == boards
+
+
+def test_config_fields_defaults_and_sft_refused():
+    from rlsys.config import ConfigError, load_config
+
+    cfg = load_config()
+    assert (cfg.algo.dynamic_sampling, cfg.algo.max_sample_rounds, cfg.algo.max_oversample) == (False, 3, 4.0)
+    cfg = load_config(overrides=["algo.dynamic_sampling=true", "algo.max_sample_rounds=5"])
+    assert cfg.algo.dynamic_sampling and cfg.algo.max_sample_rounds == 5
+    with pytest.raises(ConfigError, match="algo.max_sample_rounds"):
+        load_config(overrides=["algo.max_sample_rounds=0"])
+    with pytest.raises(ConfigError, match="algo.dynamic_sampling"):
+        load_config(overrides=["algo.name=sft", "algo.dynamic_sampling=true"])
+
+
+def test_console_line_shows_the_group_counts():
+    from rlsys.metrics import console_line
+
+    line = console_line(0, 10, {"rollout/groups_sampled": 12.0, "rollout/groups_kept": 4.0,
+                                "rollout/zero_var_group_frac": 0.75, "rollout/sample_rounds": 2.0})
+    assert "groups 4/12 (zero-var 0.75, 2 rnd)" in line
+    assert "groups" not in console_line(0, 10, {})
