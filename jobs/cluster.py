@@ -25,6 +25,7 @@ from rlsys.metrics import rollout_metrics
 from rlsys.data import DatasetError, ItemStream, read_jsonl
 from rlsys.models.resolve import resolve_model
 from rlsys.plugins import load_agent, load_reward
+from rlsys.sampling import GroupSieve
 from rlsys.types import Trajectory, TrajectorySummary
 
 
@@ -416,15 +417,46 @@ class Job:
         return self.learners[0]
 
     # --- phases ----------------------------------------------------------------------------
-    def rollout(self, items: list[dict[str, Any]], step: int) -> tuple[list[Any], list[TrajectorySummary]]:
-        """Every (item, sample) episode on the env workers; returns trajectory refs and their summaries.
+    def rollout_until_full(self, step: int) -> tuple[list[Any], list[TrajectorySummary], dict[str, float]]:
+        """The step's rollout phase: `rollout.batch_size` boards from the data cursor, every sample of each at once;
+        under `algo.dynamic_sampling` the groups whose rewards all agree are dropped and rounds of more boards are
+        sampled until the batch holds `batch_size` groups with signal or `algo.max_sample_rounds` rounds were
+        sampled (rlsys/sampling.py). Every board sampled advances the cursor, so a resumed run goes on after them.
+
+        Returns the trajectory refs to train on (the kept groups), the summaries of *every* trajectory sampled
+        (the step's rollout metrics and error table describe what was sampled) and the `rollout/groups_*` counts."""
+        a = self.cfg.algo
+        sieve = GroupSieve(want=self.cfg.rollout.batch_size, max_rounds=a.max_sample_rounds,
+                           max_oversample=a.max_oversample, mask_truncated=a.mask_truncated,
+                           enabled=a.dynamic_sampling)
+        refs: list[Any] = []
+        summaries: list[TrajectorySummary] = []
+        boards = self.cfg.rollout.batch_size
+        while boards:  # a round: all its boards' episodes submitted at once
+            more_refs, more = self.rollout(self.data.next_batch(boards), step, first_group=sieve.groups_seen)
+            refs += more_refs
+            summaries += more
+            sieve.add(more)
+            boards = sieve.next_round()
+        keep = sieve.kept()
+        counts = sieve.metrics() if a.name != "sft" else {}  # an SFT "group" is one example: nothing to count
+        if not keep:
+            print(f"rlsys: dynamic sampling: none of {sieve.groups_seen} groups sampled in {sieve.rounds} round(s) "
+                  "has rewards that differ; this step's update is skipped (raise algo.max_sample_rounds or "
+                  "algo.max_oversample, or check the reward)", flush=True)
+        return [r for r, s in zip(refs, summaries) if s.group in keep], summaries, counts
+
+    def rollout(self, items: list[dict[str, Any]], step: int,
+                first_group: int = 0) -> tuple[list[Any], list[TrajectorySummary]]:
+        """Every (item, sample) episode on the env workers; returns trajectory refs and their summaries. Item i is
+        group ``first_group + i`` (a top-up round's groups continue the step's numbering).
 
         For `--algo sft` an episode is an SFT chat rendered by the model's template, not an agent run."""
         if self.cfg.algo.name == "sft":
             return self._episodes(items, 1, lambda w, p, item, g, s: w.sft_example.options(num_returns=2).remote(
-                item, g, s, self.model_path))
+                item, g, s, self.model_path), first_group)
         return self._episodes(items, self.cfg.rollout.n_samples, lambda w, p, item, g, s: w.run_episode.options(
-            num_returns=2).remote(p, item, g, s, f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"))
+            num_returns=2).remote(p, item, g, s, f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"), first_group)
 
     def evaluate(self, tag: str) -> dict[str, float]:
         """Held-out episodes at `eval.temperature` (greedy by default); metrics under `eval/`."""
@@ -459,10 +491,16 @@ class Job:
                 metrics.update({prefix + key: x for key, x in summarize([s.outcome for s in mine]).items()})
         return metrics
 
-    def _episodes(self, items: list[dict[str, Any]], n: int, submit) -> tuple[list[Any], list[TrajectorySummary]]:
-        return run_episodes(self.env_workers, self.proxies, items, n, submit, progress=self.cfg.logging.progress)
+    def _episodes(self, items: list[dict[str, Any]], n: int, submit,
+                  first_group: int = 0) -> tuple[list[Any], list[TrajectorySummary]]:
+        return run_episodes(self.env_workers, self.proxies, items, n, submit, progress=self.cfg.logging.progress,
+                            first_group=first_group)
 
     def train(self, traj_refs: list[Any], summaries: list[TrajectorySummary]) -> dict[str, float]:
+        """One update on ``traj_refs``; ``summaries`` (of every trajectory sampled) decide a skip for failures. No
+        refs (dynamic sampling kept no group): skipped, `train/skipped_batch` 1."""
+        if not traj_refs:
+            return {"train/skipped_batch": 1.0}
         failed = sum(s.failed for s in summaries) / max(len(summaries), 1)
         if failed > self.cfg.env.max_failed_frac:
             print(f"rlsys: WARNING step skipped: {failed:.0%} of trajectories failed "
@@ -512,9 +550,11 @@ class Job:
 
 
 def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: list[dict[str, Any]], n: int,
-                 submit, progress: bool = False, desc: str = "rollout") -> tuple[list[Any], list[TrajectorySummary]]:
+                 submit, progress: bool = False, desc: str = "rollout",
+                 first_group: int = 0) -> tuple[list[Any], list[TrajectorySummary]]:
     """``n`` episodes of every item on the env workers: ``submit(worker, proxy, item, group, sample)`` returns
-    the (trajectory, summary) refs of one. Returns the trajectory refs and the summaries, in item-major order.
+    the (trajectory, summary) refs of one; item i is group ``first_group + i``. Returns the trajectory refs and
+    the summaries, in item-major order.
 
     Engines take episodes in turn (all are submitted at once, so turn order = least loaded), each on an env
     worker on its engine's node (worker i serves engine i mod E). An episode whose worker died twice comes
@@ -523,7 +563,7 @@ def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: l
     engines = len(proxies)
     local_workers = [env_workers[e::engines] for e in range(engines)]
     k = 0
-    for g, item in enumerate(items):
+    for g, item in enumerate(items, first_group):
         for s in range(n):
             e = k % engines
             worker = local_workers[e][(k // engines) % len(local_workers[e])]

@@ -48,9 +48,8 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
             evaluate(job, logger, 0, "start")
         for step in range(job.start_step, cfg.max_steps):
             t0 = time.perf_counter()
-            items = job.data.next_batch(cfg.rollout.batch_size)
-            with timer("rollout"):
-                traj_refs, summaries = job.rollout(items, step)
+            with timer("rollout"):  # batch_size boards; filtered and topped up under algo.dynamic_sampling
+                traj_refs, summaries, groups = job.rollout_until_full(step)
             with timer("sleep"):
                 engine_stats = job.engines.sleep(level=job.sleep_level)
             with timer("train"):
@@ -61,7 +60,7 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
                 job.engines.wake()
             with timer("canary"):
                 canary = job.weights.check_canary()
-            m = {**rollout_metrics(summaries, job.outcome_labels), **engine_stats, **stats, **sync, **canary,
+            m = {**rollout_metrics(summaries, job.outcome_labels), **groups, **engine_stats, **stats, **sync, **canary,
                  **timer.pop(), **startup.once()}
             m["time/step"] = time.perf_counter() - t0
             m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(m["time/rollout"], 1e-9)

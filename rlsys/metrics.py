@@ -44,7 +44,9 @@ def failure_kind(reason: str) -> str:
 
 
 def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iterable[str] = ()) -> dict[str, float]:
-    """Reward, length and error-table fractions of one rollout batch.
+    """Reward, length and error-table fractions of one rollout batch: of every trajectory in ``summaries``. The
+    training driver passes every trajectory it sampled, the groups dynamic sampling dropped included (the
+    `rollout/groups_*` counts, rlsys/sampling.py, say how many were kept); what the learner saw is under `adv/`.
 
     ``outcome_labels`` are always reported (as 0.0 when absent) so TensorBoard curves do not start late.
     """
@@ -170,14 +172,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def console_line(step: int, max_steps: int, m: dict[str, Any]) -> str:
-    """One line per step: what a person watching the job wants to see."""
+    """One line per step: what a person watching the job wants to see. With the rollout phase's group counts
+    (`Job.rollout_until_full`): groups kept of sampled, the zero-variance fraction before the filter, rounds."""
     def g(key: str, fmt: str = "{:.3f}") -> str:
         v = m.get(key)
         return fmt.format(v) if isinstance(v, (int, float)) else "-"
 
+    groups = (f"  groups {g('rollout/groups_kept', '{:.0f}')}/{g('rollout/groups_sampled', '{:.0f}')} (zero-var "
+              f"{g('rollout/zero_var_group_frac', '{:.2f}')}, {g('rollout/sample_rounds', '{:.0f}')} rnd)"
+              if "rollout/groups_sampled" in m else "")
     return (
         f"step {step + 1}/{max_steps}  reward {g('rollout/rewards_mean')}  len {g('rollout/response_len_mean', '{:.1f}')}"
-        f"  failed {g('rollout/failed_frac', '{:.2f}')}  loss {g('train/loss', '{:.4f}')}"
+        f"  failed {g('rollout/failed_frac', '{:.2f}')}{groups}  loss {g('train/loss', '{:.4f}')}"
         f"  |dlogp| {g('train/logp_diff_mean', '{:.2e}')}  gnorm {g('train/grad_norm', '{:.2f}')}"
         f"  {g('time/step', '{:.1f}')}s (rollout {g('time/rollout', '{:.1f}')}, train {g('time/train', '{:.1f}')},"
         f" sync {g('time/sync', '{:.2f}')})  {g('perf/tokens_per_s', '{:.0f}')} tok/s"
