@@ -225,6 +225,9 @@ class WeightSync:
     canary_tol: float
     canary_enabled: bool = True
     canary_every: int = 1  # check after every N-th push (the check at start always runs)
+    # the engines must move as far as the learner between checks (`canary_movement`): only where both compute in
+    # the same numerics; fp32 masters move in steps below bf16's resolution that the pushed bf16 weights round away
+    canary_follow: bool = True
     collective_backend: str = "gloo"  # "nccl" when learners and engines are on GPUs
     collective_timeout_s: float | None = None  # rendezvous and broadcast timeout of collective routes (None: the
     # route's default, rlsys.weights.collective.DEFAULT_TIMEOUT_S)
@@ -233,6 +236,8 @@ class WeightSync:
     _routes: dict[int, Any] = field(default_factory=dict, repr=False)  # source rank -> CollectiveRoute
     _tickets: dict[int, Any] = field(default_factory=dict, repr=False)  # engine index -> CollectiveTicket
     _canary_calls: int = field(default=0, repr=False)
+    # the last check's logprobs: (T,) the learner's and (E, T) the engines'
+    _canary_last: tuple[list[float], list[list[float]]] | None = field(default=None, repr=False)
 
     @property
     def learner(self) -> Any:
@@ -296,7 +301,9 @@ class WeightSync:
 
     def check_canary(self) -> dict[str, float]:
         """The stale-weights alarm: the engines' logprobs on a fixed sequence against the learner's (all scored at
-        once: different processes). With `sync.canary_every` N > 1, every N-th call after the first."""
+        once: different processes). With `sync.canary_every` N > 1, every N-th call after the first. Also reports
+        the engines' mean logprob on it and, from the second check on, `sync/canary_engine_shift`: how far the
+        pushes since the last check moved the engine that moved least (0.0 for one that kept its old weights)."""
         calls, self._canary_calls = self._canary_calls, self._canary_calls + 1
         if not self.canary_enabled or calls % self.canary_every:
             return {}
@@ -304,7 +311,7 @@ class WeightSync:
                                 for p in [self.learner, *self.engines]])
         worst = 0.0
         for i, lp in enumerate(scores):
-            diff = sum(abs(a - b) for a, b in zip(lp, ref)) / max(len(ref), 1)
+            diff = mean_abs_diff(lp, ref)
             if not diff <= self.canary_tol:
                 raise RuntimeError(
                     f"stale-weights canary: engine {i} logprobs differ from the learner's by {diff:.3g} "
@@ -312,7 +319,38 @@ class WeightSync:
                     "skipped or corrupted"
                 )
             worst = max(worst, diff)
-        return {"sync/canary_logp_diff": worst}
+        out = {"sync/canary_logp_diff": worst, "sync/canary_logp_mean": sum(scores[0]) / max(len(scores[0]), 1)}
+        if self._canary_last is not None:
+            out.update(canary_movement(self._canary_last, ref, scores, enforce=self.canary_follow))
+        self._canary_last = ref, scores
+        return out
+
+
+# A push moves the engine as far as the learner moved (their numerics differ, the same change lands on both), so
+# an engine that moved less than this share of the learner's move kept (most of) its old weights: caught even when
+# the update is smaller than the tolerance, which must cover the dtype gap (fp32 masters vs bf16: 0.025-0.049).
+CANARY_MIN_FOLLOW = 0.1
+CANARY_MOVE_FLOOR = 1e-4  # below this mean |change| the learner did not move measurably: nothing to follow
+
+
+def canary_movement(last: tuple[list[float], list[list[float]]], ref: list[float],
+                    scores: list[list[float]], enforce: bool = True) -> dict[str, float]:
+    """How far the learner's and each engine's canary logprobs moved since the last check; with ``enforce``,
+    raises when the learner moved and an engine stood (nearly) still: a push that never reached it."""
+    last_ref, last_scores = last
+    learner_shift = mean_abs_diff(ref, last_ref)
+    shifts = [mean_abs_diff(lp, prev) for lp, prev in zip(scores, last_scores)]
+    for i, shift in enumerate(shifts):
+        if enforce and learner_shift > CANARY_MOVE_FLOOR and shift < CANARY_MIN_FOLLOW * learner_shift:
+            raise RuntimeError(
+                f"stale-weights canary: engine {i} logprobs moved {shift:.3g} since the last check while the "
+                f"learner's moved {learner_shift:.3g} (mean over {len(ref)} tokens): the weight push did not land")
+    return {"sync/canary_engine_shift": min(shifts), "sync/canary_learner_shift": learner_shift}
+
+
+def mean_abs_diff(a: list[float], b: list[float]) -> float:
+    """Mean |a - b| over the positions both have (canary logprobs)."""
+    return sum(abs(x - y) for x, y in zip(a, b)) / max(min(len(a), len(b)), 1)
 
 
 @dataclass
@@ -390,6 +428,7 @@ class Job:
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
             canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
             canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every, collective_backend=backend,
+            canary_follow=not cfg.learner.fp32_master,
         )
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)
         reward_fn, _ = load_reward(cfg.env.reward_fn_path)

@@ -39,9 +39,13 @@ FP32_CANARY_TOL = 1e-4
 # fused kernels and transformers' differ in rounding only. Measured on the H200 (docs/gpu.md): 0.001-0.0026
 # (tiny model), 0.0079 (random 0.5B); a push skipped after four training steps read 3.8.
 BF16_CANARY_TOL = 2e-2
+# `learner.fp32_master`: the learner computes from fp32 weights under bf16 autocast (each op rounds its inputs),
+# the engine from the same weights rounded once to bf16 at the push, so a healthy job reads more: 0.025-0.049 on
+# the H200 with Qwen2.5-0.5B (docs/gpu.md), against ~3.8 for a skipped push. 3x the worst healthy value.
+AUTOCAST_CANARY_TOL = 0.15
 # Environment of every GPU actor (the engine core that vLLM spawns inherits it):
-# - VLLM_ALLOW_INSECURE_SERIALIZATION: lets collective_rpc carry pickled objects (TRAPS.md).
-# - VLLM_USE_FLASHINFER_SAMPLER=0: skips ~110 s of FlashInfer JIT at every cold engine start (TRAPS.md).
+# - VLLM_ALLOW_INSECURE_SERIALIZATION: lets collective_rpc carry pickled objects (docs/gpu.md, "What rlsys relies on").
+# - VLLM_USE_FLASHINFER_SAMPLER=0: skips ~110 s of FlashInfer JIT at every cold engine start (same section).
 GPU_ACTOR_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
@@ -94,9 +98,7 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
     learner = ray.remote(Learner).options(name="learner-0", num_cpus=0).remote(cfg, model_path, num_threads=threads)
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024).remote(
         cfg, model_path, api_token=token, num_threads=threads, transport=cfg.sync.transport)
-    half = cfg.model.dtype in ("bfloat16", "float16")  # "auto" is float32 on CPU
-    return Placement(learners=[learner], rollouts=[rollout], sources=[0],
-                     canary_tol=BF16_CANARY_TOL if half else FP32_CANARY_TOL)
+    return Placement(learners=[learner], rollouts=[rollout], sources=[0], canary_tol=canary_tolerance(cfg, gpu=False))
 
 
 def engine_bundles(world_size: int, tp_size: int) -> list[list[int]]:
@@ -150,9 +152,18 @@ def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:
     rollouts = [ray.remote(RolloutWorker).options(
         name=f"rollout-{e}", num_cpus=0, max_concurrency=1024, **rollout_placement(cfg, pg, bundles)).remote(
         cfg, model_path, api_token=token, transport=cfg.sync.transport) for e, bundles in enumerate(feeders)]
-    bf16 = cfg.model.dtype in ("auto", "bfloat16", "float16")
     return Placement(learners=learners, rollouts=rollouts, sources=[f[0] for f in feeders], feeders=feeders,
-                     canary_tol=BF16_CANARY_TOL if bf16 else FP32_CANARY_TOL, placement_group=pg)
+                     canary_tol=canary_tolerance(cfg, gpu=True), placement_group=pg)
+
+
+def canary_tolerance(cfg: Config, gpu: bool) -> float:
+    """The canary's default tolerance for the job's numerics (`sync.canary_tol` overrides it): float32 on both
+    sides, bf16 on both sides, or fp32 master weights under bf16 autocast against a bf16 engine. `model.dtype`
+    auto is bfloat16 on a GPU and float32 on CPU."""
+    half = cfg.model.dtype in ("bfloat16", "float16") or (gpu and cfg.model.dtype == "auto")
+    if not half:
+        return FP32_CANARY_TOL
+    return AUTOCAST_CANARY_TOL if cfg.learner.fp32_master else BF16_CANARY_TOL
 
 
 def gpu_actor_env() -> dict[str, str]:

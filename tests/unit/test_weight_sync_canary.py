@@ -42,7 +42,29 @@ def test_canary_every_n_scores_the_start_and_every_nth_push():
     results = [sync.check_canary() for _ in range(7)]  # the start, then pushes 1..6
     assert [bool(r) for r in results] == [True, False, False, True, False, False, True]
     assert len(learner.calls) == len(engine.calls) == 3
-    assert results[0] == {"sync/canary_logp_diff": 0.0}
+    assert results[0] == {"sync/canary_logp_diff": 0.0, "sync/canary_logp_mean": -1.5}
+    assert results[3]["sync/canary_engine_shift"] == 0.0  # nothing moved the engine between checks
+
+
+def test_the_canary_reports_how_far_each_push_moved_the_engines():
+    sync, learner, engine = _sync([-1.0, -2.0], every=1)
+    assert "sync/canary_engine_shift" not in sync.check_canary()  # the start: nothing to compare with
+    learner.logprobs = engine.logprobs = [-1.25, -1.5]  # a push that landed
+    moved = sync.check_canary()
+    assert moved["sync/canary_engine_shift"] == moved["sync/canary_learner_shift"] == pytest.approx(0.375)
+    assert moved["sync/canary_logp_diff"] == 0.0
+
+
+def test_an_engine_that_stands_still_while_the_learner_moves_fails_within_the_tolerance():
+    sync, learner, engine = _sync([-1.0, -2.0], every=1)
+    sync.canary_tol = 0.15  # fp32 masters' tolerance: wider than this push's change
+    sync.check_canary()
+    learner.logprobs = [-1.05, -2.05]  # the learner moved 0.05; the engine kept its weights
+    with pytest.raises(RuntimeError, match="engine 0 logprobs moved 0 since the last check while the learner's moved 0.05"):
+        sync.check_canary()
+    sync.canary_follow = False  # fp32 masters: bf16 pushes round small moves away, only the tolerance applies
+    sync._canary_last = ([-1.0, -2.0], [[-1.0, -2.0]])
+    assert sync.check_canary()["sync/canary_engine_shift"] == 0.0
 
 
 def test_a_stale_engine_fails_on_a_checked_push_only():
@@ -52,3 +74,17 @@ def test_a_stale_engine_fails_on_a_checked_push_only():
     assert sync.check_canary() == {}  # push 1: not checked with every=2
     with pytest.raises(RuntimeError, match="stale-weights canary: engine 0 .* 0.5"):
         sync.check_canary()  # push 2
+
+
+@pytest.mark.parametrize("dtype, fp32_master, gpu, expected", [
+    ("auto", False, False, "FP32_CANARY_TOL"), ("auto", False, True, "BF16_CANARY_TOL"),
+    ("auto", True, True, "AUTOCAST_CANARY_TOL"), ("bfloat16", True, False, "AUTOCAST_CANARY_TOL"),
+    ("float32", True, True, "FP32_CANARY_TOL")])
+def test_the_default_canary_tolerance_follows_the_jobs_numerics(dtype, fp32_master, gpu, expected):
+    import jobs.placement as placement
+    from rlsys.config import load_config
+
+    cfg = load_config(overrides=[f"model.dtype={dtype}", f"learner.fp32_master={str(fp32_master).lower()}"])
+    assert placement.canary_tolerance(cfg, gpu=gpu) == getattr(placement, expected)
+    # a healthy fp32-master job (0.025-0.049 measured) passes; a skipped push (~3.8) fails under every default
+    assert placement.BF16_CANARY_TOL < 0.025 < 0.049 < placement.AUTOCAST_CANARY_TOL < 3.8 / 10
