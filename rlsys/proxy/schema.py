@@ -10,11 +10,24 @@ Two layers, so every client error becomes a 400 that names the field:
    ``template_tools`` turn the request into what a Hugging Face chat template expects. Both raise
    ``RequestError(param, message)``.
 
-Departures from OpenAI, on purpose: ``stream``, ``n > 1``, ``stop`` strings, ``top_logprobs > 0``
-and non-text content parts are refused (400) rather than silently ignored, because the agent
-would otherwise get a different behaviour than it asked for. ``tool_choice`` "required" and a
-named function are accepted but not enforced (no constrained decoding): the model's own output
-is returned, and the reward decides. "none" renders the prompt without tools and returns no calls.
+Every top-level field is either honoured or refused with a 400 naming it, never silently ignored (an agent
+would otherwise get a different behaviour than it asked for):
+
+- honoured: ``model``, ``messages``, ``tools``, ``tool_choice``, ``max_tokens`` / ``max_completion_tokens``,
+  ``temperature`` (below 1e-5 it samples greedily, as vLLM does), ``top_p``, ``seed``, ``stop`` (up to 4
+  non-empty strings; the text ends before the first one, the sampled ids keep the token that completed it),
+  ``frequency_penalty``, ``presence_penalty``, ``logit_bias`` (token id -> [-100, 100]), ``logprobs``,
+  ``parallel_tool_calls`` true (every parsed call is returned), ``n`` 1, ``stream`` false, ``top_logprobs`` 0;
+- accepted as metadata only (no effect on the completion): ``user``, ``metadata``, ``store``;
+- refused: ``stream`` true, ``n`` > 1, ``top_logprobs`` > 0, ``stream_options``, ``response_format`` other
+  than ``{"type": "text"}``, ``parallel_tool_calls`` false, the deprecated ``functions`` / ``function_call``
+  (use ``tools`` / ``tool_choice``), non-text content parts, and any field not listed here.
+
+The ``developer`` role (OpenAI's newer name for system) is rendered as ``system``. ``tool_choice``
+"required" and a named function are accepted but not enforced (no constrained decoding): the model's own
+output is returned, and the reward decides. "none" renders the prompt without tools and returns no calls.
+Nested objects (messages, tool calls) ignore unknown keys, as OpenAI does: agents send back the assistant
+message as returned, with response-only keys such as ``refusal`` or ``annotations``.
 
 Assistant ``tool_calls[].function.arguments`` arrive as JSON text (OpenAI's format) and are decoded
 to objects for the template: Qwen2.5's template renders ``arguments | tojson``, which would
@@ -27,7 +40,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_STOP_STRINGS = 4  # OpenAI's limit
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -81,7 +95,7 @@ class ToolCallIn(_Model):
 
 
 class ChatMessage(_Model):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
@@ -112,6 +126,8 @@ class NamedToolChoice(_Model):
 
 
 class ChatCompletionRequest(_Model):
+    model_config = ConfigDict(extra="forbid", strict=True)  # an unknown field is a 400, not ignored
+
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDef] | None = None
@@ -123,9 +139,22 @@ class ChatCompletionRequest(_Model):
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     n: int | None = None
     stream: bool | None = None
-    stop: Any = None  # only "absent" is accepted, see check_request
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (as JSON object keys are: text) -> bias
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    parallel_tool_calls: bool | None = None
+    # refused unless absent (check_request): typed loosely so that the 400 says why, not what type to send
+    response_format: Any = None
+    stream_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+    # metadata only: accepted, no effect on the completion
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -142,6 +171,8 @@ def format_validation_error(err: ValidationError) -> RequestError:
     first = err.errors(include_url=False)[0]
     param = loc_to_param(first["loc"]) or None
     msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown or unsupported field; refused rather than silently ignored (see rlsys/proxy/schema.py)"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     return RequestError(param, msg)
@@ -163,10 +194,19 @@ def check_request(req: ChatCompletionRequest) -> None:
         raise RequestError("stream", "streaming is not supported")
     if req.n is not None and req.n != 1:
         raise RequestError("n", f"only n=1 is supported, got {req.n}")
-    if req.stop not in (None, "", []):
-        raise RequestError("stop", "stop sequences are not supported (generation stops at end-of-turn)")
+    stop_strings(req)
+    logit_bias(req)
     if req.top_logprobs:
         raise RequestError("top_logprobs", "top_logprobs is not supported (use logprobs=true)")
+    if req.stream_options is not None:
+        raise RequestError("stream_options", "streaming is not supported, so neither are its options")
+    if req.response_format is not None and req.response_format != {"type": "text"}:
+        raise RequestError("response_format", 'only {"type": "text"} is supported (no constrained decoding)')
+    if req.parallel_tool_calls is False:
+        raise RequestError("parallel_tool_calls", "false is not supported: every call the model makes is returned")
+    for name in ("functions", "function_call"):
+        if getattr(req, name) is not None:
+            raise RequestError(name, "deprecated by OpenAI and not supported; use tools and tool_choice")
     names = [t.function.name for t in req.tools or []]
     if len(set(names)) != len(names):
         raise RequestError("tools", f"duplicate function names in {names}")
@@ -178,7 +218,7 @@ def check_request(req: ChatCompletionRequest) -> None:
     if choice in ("required",) and not names:
         raise RequestError("tool_choice", '"required" needs a non-empty tools list')
     for i, m in enumerate(req.messages):
-        if m.role in ("system", "user", "tool") and m.content is None:
+        if m.role in ("system", "developer", "user", "tool") and m.content is None:
             raise RequestError(f"messages[{i}].content", f"required for role {m.role!r}")
         if m.role == "tool" and m.tool_call_id is None:
             raise RequestError(f"messages[{i}].tool_call_id", "required for role 'tool'")
@@ -190,7 +230,8 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     """Messages as a chat template expects them: content always a string, tool arguments decoded."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
-        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        # "developer" is OpenAI's newer name for system; chat templates know only "system"
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
         if m.role == "assistant" and m.tool_calls:
             msg["tool_calls"] = [
                 {
@@ -209,6 +250,31 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             msg["name"] = m.name
         out.append(msg)
     return out
+
+
+def stop_strings(req: ChatCompletionRequest) -> tuple[str, ...]:
+    """The request's stop strings (``""`` and ``[]`` mean none, as before stop strings were supported)."""
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if stop == [""]:
+        return ()
+    if len(stop) > MAX_STOP_STRINGS:
+        raise RequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+    if any(not s for s in stop):
+        raise RequestError("stop", "stop strings must be non-empty")
+    return tuple(stop)
+
+
+def logit_bias(req: ChatCompletionRequest, vocab_size: int | None = None) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted (token id, bias) pairs; keys must be token ids (below ``vocab_size`` when given)."""
+    pairs = []
+    for key, bias in (req.logit_bias or {}).items():
+        if not (key.isascii() and key.isdigit()) or (vocab_size is not None and int(key) >= vocab_size):
+            bound = f" below {vocab_size}" if vocab_size is not None else ""
+            raise RequestError("logit_bias", f"key {key[:40]!r} is not a token id{bound}")
+        if not -100 <= bias <= 100:
+            raise RequestError("logit_bias", f"the bias of token {key} is {bias}, not in [-100, 100]")
+        pairs.append((int(key), float(bias)))
+    return tuple(sorted(pairs))
 
 
 def template_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:

@@ -11,9 +11,22 @@ Routes: ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models[/{id}]``
 ASGI guard in front of everything checks the bearer token (``hmac.compare_digest``) on every path,
 unknown ones included (vLLM's ``--api-key`` leaves ``/health``, ``/tokenize``, ``/metrics`` open, see
 shared/TRAPS.md), then reads the body with a size cap (413) before any routing. FastAPI's docs and
-OpenAPI routes are disabled. Client errors are 400 (or 401/404/405/413) with OpenAI's error body
-``{"error": {"message", "type", "param", "code"}}``; an engine exception is a logged 500 and the
-server keeps serving.
+OpenAPI routes are disabled. Client errors are 400 (or 401/404/405/408/413/431) with OpenAI's error body
+``{"error": {"message", "type", "param", "code"}}``; an engine exception, or a bug in the proxy, is a logged
+500 on a connection that stays open (the guard answers it: Starlette's own handler re-raises, and uvicorn
+then closes the connection, which cost the agent its next request too) and the server keeps serving.
+
+Hostile and careless clients (issue #30):
+- A request's head and body must arrive within ``read_timeout_s`` of its first byte (of the connection, for
+  a fresh one), else 408 and the connection closes; its head may take at most ``max_header_bytes`` (431).
+  uvicorn has neither: its keep-alive timer runs only between requests, so a client sending slowly held a
+  connection for as long as it liked. ``_RequestDeadline`` adds both to uvicorn's own HTTP protocol, and
+  h11's own limit (``h11_max_incomplete_event_size``) is set too when h11 is the parser.
+- Rendered prompts are cached by bytes (``RENDER_CACHE_BYTES``) as well as by count, and a prompt that
+  leaves no room to generate (refused with ``context_length_exceeded``) is never cached: each distinct
+  over-long conversation used to pin ~15 MB of key and ids.
+- Every request field is honoured or refused with a 400 naming it (schema.py); stop strings end the text
+  before the string while the recorded ids keep every sampled token, up to the one that completed it.
 
 Choices worth knowing:
 - Within a session, a request that repeats the previous request's messages, then the assistant
@@ -52,8 +65,11 @@ import hmac
 import json
 import logging
 import math
+import re
+import sys
 import time
 import uuid
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -64,8 +80,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 
-from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
+from rlsys.engines.base import GREEDY_BELOW, Engine, GenerateOutput, SamplingParams
 from rlsys.proxy.continuation import (
     FIRST,
     RE_RENDERED,
@@ -82,6 +100,8 @@ from rlsys.proxy.schema import (
     check_request,
     format_validation_error,
     loads_json,
+    logit_bias,
+    stop_strings,
     template_messages,
     template_tools,
     tool_names,
@@ -101,6 +121,9 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # which is what a learner phase of ~5 s between two rollouts produced). The client side expires first.
 KEEP_ALIVE_S = 600
 RENDER_CACHE_SIZE = 1024  # conversations whose prompt ids the proxy keeps (a step's distinct prompts, and more)
+RENDER_CACHE_BYTES = 64 * 2**20  # ...and at most this many bytes of keys and ids (long agent histories are MBs)
+MAX_HEADER_BYTES = 64 * 1024  # a request head (request line + headers) over this is a 431
+READ_TIMEOUT_S = 30.0  # a request (head and body) must arrive within this of its first byte: 408 and close
 
 
 # ---- Errors -------------------------------------------------------------------------------------
@@ -124,16 +147,18 @@ def _request_error_response(err: RequestError) -> JSONResponse:
 
 
 class _GuardMiddleware:
-    """Pure ASGI: 401 without the right bearer token (any path), 413 over ``max_body`` bytes.
+    """Pure ASGI: 431 over ``max_header_bytes`` of headers, 401 without the right bearer token (any path),
+    413 over ``max_body`` bytes, and a JSON 500 for any exception of the app, the connection kept.
 
     The body is read here in full (it is small JSON) and replayed to the app, so the size cap also
     holds for chunked requests that carry no Content-Length.
     """
 
-    def __init__(self, app: Any, *, api_token: str, max_body: int) -> None:
+    def __init__(self, app: Any, *, api_token: str, max_body: int, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         self.app = app
         self.token = api_token.encode()
         self.max_body = max_body
+        self.max_header_bytes = max_header_bytes
         self.drain_limit = 16 * max_body
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -142,6 +167,12 @@ class _GuardMiddleware:
             return
         if scope["type"] != "http":  # websockets: nothing here speaks them
             await send({"type": "websocket.close", "code": 1008})
+            return
+        # the protocol (_RequestDeadline) stops reading a head over the limit; a head that arrived in one read
+        # is checked here, before the token, so that nobody without it has megabytes of headers parsed
+        if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > self.max_header_bytes:
+            await _send_json(send, 431, error_body(f"request headers over {self.max_header_bytes} bytes",
+                                                   param="headers", code="headers_too_large"), close=True)
             return
         headers = dict(scope["headers"])  # lower-case byte names; a repeated header keeps its last value
         if not self._authorized(headers.get(b"authorization")):
@@ -176,7 +207,20 @@ class _GuardMiddleware:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        started = False
+
+        async def tracked_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, replay, tracked_send)
+        except Exception as exc:  # a bug in the proxy: this request fails, the connection and the server go on
+            if started:
+                raise  # half a response is out: only closing the connection (uvicorn) ends it
+            logger.exception("unexpected error in %s %s", scope.get("method"), scope.get("path"))
+            await _send_json(send, 500, error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"))
 
     async def _refuse_too_large(self, receive: Any, send: Any, size: int, more: bool) -> None:
         # Read (and drop) the rest of a moderately large body (up to drain_limit) first: closing a
@@ -214,34 +258,52 @@ async def _send_json(send: Any, status: int, body: dict, *, extra_headers: list 
 class _ChatCodec:
     """Chat template -> prompt ids, and completion ids -> text, for one tokenizer."""
 
-    def __init__(self, tokenizer: Any, cache_size: int = RENDER_CACHE_SIZE) -> None:
+    def __init__(self, tokenizer: Any, cache_size: int = RENDER_CACHE_SIZE, *, cache_bytes: int = RENDER_CACHE_BYTES,
+                 max_prompt_tokens: int | None = None) -> None:
+        """``max_prompt_tokens``: the longest prompt that leaves room to generate; longer ones are refused
+        by the request and so never cached."""
         self.tokenizer = tokenizer
         vocab = tokenizer.get_vocab()
         end_ids = {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
         eos = tokenizer.eos_token_id
         end_ids.update([eos] if isinstance(eos, int) else (eos or []))
         self.end_ids: frozenset[int] = frozenset(end_ids)
-        self._rendered: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # LRU: conversation -> prompt ids
+        # LRU: conversation JSON -> (prompt ids, the entry's bytes); ids as a 4-byte array, not ~36-byte ints
+        self._rendered: OrderedDict[str, tuple[array, int]] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self.max_prompt_tokens = max_prompt_tokens
+        self.cached_bytes = 0
         self.cache_hits = 0
 
     def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """Prompt ids of a conversation. The n samples of a group send the same conversation n times, and the
         template + tokenizer are most of the proxy's CPU time per request (the event loop it shares with the
-        engine's output handling), so renders are kept in a small LRU keyed by the conversation's JSON."""
-        if not self._cache_size:
+        engine's output handling), so renders are kept in a small LRU keyed by the conversation's JSON, bounded
+        by entries and by bytes."""
+        if not self._cache_size or not self._cache_bytes:
             return self._render(messages, tools)
         key = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False, default=str)
         hit = self._rendered.get(key)
         if hit is not None:
             self._rendered.move_to_end(key)
             self.cache_hits += 1
-            return list(hit)
+            return hit[0].tolist()
         ids = self._render(messages, tools)
-        self._rendered[key] = tuple(ids)
-        if len(self._rendered) > self._cache_size:
-            self._rendered.popitem(last=False)
+        self._remember(key, ids)
         return ids
+
+    def _remember(self, key: str, ids: list[int]) -> None:
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            return  # refused with context_length_exceeded: nobody will get these ids
+        packed = array("i", ids)
+        cost = sys.getsizeof(key) + sys.getsizeof(packed)
+        if cost > self._cache_bytes:
+            return
+        self._rendered[key] = (packed, cost)
+        self.cached_bytes += cost
+        while len(self._rendered) > self._cache_size or self.cached_bytes > self._cache_bytes:
+            self.cached_bytes -= self._rendered.popitem(last=False)[1][1]
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         try:
@@ -261,10 +323,13 @@ class _ChatCodec:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def text_of(self, completion_ids: list[int]) -> str:
-        """The message text: the ids decoded with special tokens, minus a trailing end-of-turn token."""
+    def text_of(self, completion_ids: list[int], stop: tuple[str, ...] = ()) -> str:
+        """The message text: the ids decoded with special tokens, minus a trailing end-of-turn token, and cut
+        before the first stop string (the engine stopped at the token that completed it)."""
         ids = completion_ids[:-1] if completion_ids and completion_ids[-1] in self.end_ids else completion_ids
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+        return text[:min(cuts)] if cuts else text
 
     def token_logprobs(self, completion_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
         """OpenAI ``choices[].logprobs``: one entry per token of the message text."""
@@ -272,9 +337,38 @@ class _ChatCodec:
         entries = []
         for tid, lp in zip(completion_ids[:n], logprobs[:n]):
             token = self.tokenizer.decode([tid], skip_special_tokens=False)
-            entries.append({"token": token, "logprob": lp, "bytes": list(token.encode("utf-8", "replace")),
+            entries.append({"token": token, "logprob": lp, "bytes": list(self._token_bytes(tid, token)),
                             "top_logprobs": []})
         return {"content": entries, "refusal": None}
+
+    def _token_bytes(self, tid: int, text: str) -> bytes:
+        """The token's own bytes. A token holding part of a multi-byte character decodes to U+FFFD; its bytes
+        are then read from the vocabulary entry: byte-level BPE's printable stand-ins for bytes (GPT-2,
+        Qwen) or a sentencepiece byte-fallback piece ``<0xE2>``."""
+        if "\ufffd" not in text:
+            return text.encode("utf-8")
+        piece = self.tokenizer.convert_ids_to_tokens(tid)
+        fallback = _BYTE_PIECE.fullmatch(piece)
+        if fallback:
+            return bytes([int(fallback.group(1), 16)])
+        if all(c in _BYTE_OF_CHAR for c in piece):
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        return text.encode("utf-8")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's map from a vocabulary character back to its byte (GPT-2's ``bytes_to_unicode``
+    inverted): printable Latin-1 bytes stand for themselves, the others for 256 + their rank."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    out = {chr(b): b for b in printable}
+    extra = [b for b in range(256) if b not in out.values()]
+    out.update({chr(256 + i): b for i, b in enumerate(extra)})
+    return out
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 # ---- The app ------------------------------------------------------------------------------------
@@ -293,6 +387,8 @@ def create_app(
     max_model_len: int | None = None,
     seed_for_session: Callable[[str, int], int] | None = None,
     render_cache_size: int = RENDER_CACHE_SIZE,
+    render_cache_bytes: int = RENDER_CACHE_BYTES,
+    max_header_bytes: int = MAX_HEADER_BYTES,
 ) -> FastAPI:
     """The proxy's ASGI app. ``max_model_len`` (prompt + completion) defaults to the engine's
     ``max_model_len`` attribute when it has one, else to ``tokenizer.model_max_length`` when that is
@@ -310,24 +406,22 @@ def create_app(
         max_model_len = getattr(engine, "max_model_len", None)
     if max_model_len is None and getattr(tokenizer, "model_max_length", 10**30) < 10**9:
         max_model_len = int(tokenizer.model_max_length)
-    codec = _ChatCodec(tokenizer, render_cache_size)
+    codec = _ChatCodec(tokenizer, render_cache_size, cache_bytes=render_cache_bytes,
+                       max_prompt_tokens=None if max_model_len is None else max_model_len - 1)
+    vocab_size = len(tokenizer)  # logit_bias keys must be ids the engine knows
     # a callable is read per request: the rollout actor switches to greedy for evaluation and back
     current_defaults = sampling_defaults if callable(sampling_defaults) else (lambda: sampling_defaults)
     stop_ids = tuple(sorted(set(current_defaults().stop_token_ids) | codec.end_ids))
     created = int(time.time())
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(_GuardMiddleware, api_token=api_token, max_body=max_request_bytes)
+    app.add_middleware(_GuardMiddleware, api_token=api_token, max_body=max_request_bytes,
+                       max_header_bytes=max_header_bytes)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if exc.status_code == 404 else None
         return _error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=kind)
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        # A bug in the proxy, not a client error; Starlette logs the traceback after this response.
-        return _error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -357,7 +451,7 @@ def create_app(
             plan = _plan_prompt(codec, messages, keys, tools, ticket)
             prompt_ids = plan.prompt_ids
             params = _sampling_params(req, current_defaults(), stop_ids, len(prompt_ids),
-                                      max_tokens_cap, max_model_len)
+                                      max_tokens_cap, max_model_len, vocab_size)
             if params.seed is None and ticket is not None and seed_for_session is not None:
                 params = dataclasses.replace(params, seed=seed_for_session(session_id, ticket.index))
         except RequestError as err:
@@ -438,7 +532,8 @@ def _parse(raw: bytes, headers: Mapping[str, str], model_name: str
 
 
 def _sampling_params(req: ChatCompletionRequest, defaults: SamplingParams, stop_ids: tuple[int, ...],
-                     prompt_len: int, max_tokens_cap: int, max_model_len: int | None) -> SamplingParams:
+                     prompt_len: int, max_tokens_cap: int, max_model_len: int | None, vocab_size: int
+                     ) -> SamplingParams:
     requested = req.max_completion_tokens or req.max_tokens or defaults.max_new_tokens
     max_new = min(requested, max_tokens_cap)
     if max_model_len is not None:
@@ -448,12 +543,18 @@ def _sampling_params(req: ChatCompletionRequest, defaults: SamplingParams, stop_
                                            f"{max_model_len} tokens, which leaves no room to generate",
                                code="context_length_exceeded")  # OpenAI's code: agents can stop on it
         max_new = min(max_new, room)
+    temperature = defaults.temperature if req.temperature is None else req.temperature
     return SamplingParams(
         max_new_tokens=max_new,
-        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        # 1e-38 passed validation and made 1/T overflow into NaN probabilities: that close to 0 is greedy
+        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
         top_p=defaults.top_p if req.top_p is None else req.top_p,
         seed=defaults.seed if req.seed is None else req.seed,
         stop_token_ids=stop_ids,
+        stop=stop_strings(req),
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        logit_bias=logit_bias(req, vocab_size),
     )
 
 
@@ -469,7 +570,7 @@ def _completion_body(req: ChatCompletionRequest, out: GenerateOutput, codec: _Ch
                      parse_names: list[str] | None, session_id: str | None, model_name: str) -> dict[str, Any]:
     completion_ids = [int(t) for t in out.token_ids]
     logprobs = [float(x) for x in out.logprobs]
-    text = codec.text_of(completion_ids)
+    text = codec.text_of(completion_ids, stop_strings(req))
     calls, errors, content = [], [], text
     if parse_names is not None:
         parsed = parse_tool_calls(text, parse_names)
@@ -502,6 +603,76 @@ def _completion_body(req: ChatCompletionRequest, out: GenerateOutput, codec: _Ch
 # ---- Running inside an existing event loop -------------------------------------------------------
 
 
+class _RequestDeadline:
+    """Mixed into uvicorn's HTTP protocol (httptools' or h11's): a request must arrive whole (head and body)
+    within ``read_timeout_s`` of its first byte, or of the connection for a fresh one (408, then close), and a
+    head still incomplete after ``max_header_bytes`` is refused (431, then close).
+
+    It relies on what both of uvicorn's protocols share: ``self.cycle``, the request being served, is replaced
+    when a head is complete, and its ``more_body`` turns False when the body is."""
+
+    read_timeout_s: float = READ_TIMEOUT_S
+    max_header_bytes: int = MAX_HEADER_BYTES
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._head_bytes = 0
+        self._deadline = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_deadline()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        before = self.cycle
+        reading_head = before is None or before.response_complete
+        if reading_head and self._deadline is None:  # the first bytes of the next request on a kept connection
+            self._deadline = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+        super().data_received(data)  # type: ignore[misc]
+        cycle = self.cycle
+        if cycle is not before:
+            self._head_bytes = 0
+        elif reading_head and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse(431, f"request headers over {self.max_header_bytes} bytes", "headers_too_large")
+                return
+        reading = cycle if cycle is not before or not reading_head else None  # a request whose head is in
+        if reading is not None and not reading.more_body:
+            self._stop_deadline()  # the whole request is in: the app's time is not the client's
+
+    def _read_timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and cycle.response_started:
+            self.transport.close()  # answered early (a 413 draining its body): just stop
+            return
+        self._refuse(408, f"the request did not arrive within {self.read_timeout_s:g} s", "request_timeout")
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        """Answer with a raw JSON error and close: the request never reached (or will not finish for) the app."""
+        self._stop_deadline()
+        payload = json.dumps(error_body(message, code=code)).encode()
+        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, reason, len(payload), payload))
+        self.transport.close()
+
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+
+def _guarded_protocol(http: str, read_timeout_s: float, max_header_bytes: int) -> type:
+    """uvicorn's HTTP protocol class named by ``http`` ("auto", "h11", "httptools"), with ``_RequestDeadline``."""
+    base = import_from_string(HTTP_PROTOCOLS.get(http, http))
+    return type(f"Guarded{base.__name__}", (_RequestDeadline, base),
+                {"read_timeout_s": read_timeout_s, "max_header_bytes": max_header_bytes})
+
+
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn.Server that leaves signal handling to the host process (Ray's actor, pytest):
     ``serve()`` would otherwise install SIGINT/SIGTERM handlers when called from the main thread."""
@@ -521,10 +692,14 @@ class ProxyServer:
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, http: str = "auto",
-                 startup_timeout_s: float = 30.0, shutdown_timeout_s: int = 5) -> None:
-        """``http``: uvicorn's HTTP implementation; `auto` = httptools (a dependency; h11 if it is missing)."""
+                 startup_timeout_s: float = 30.0, shutdown_timeout_s: int = 5,
+                 read_timeout_s: float = READ_TIMEOUT_S, max_header_bytes: int = MAX_HEADER_BYTES) -> None:
+        """``http``: uvicorn's HTTP implementation; `auto` = httptools (a dependency; h11 if it is missing).
+        ``read_timeout_s``, ``max_header_bytes``: see ``_RequestDeadline``."""
         self.app = app
         self.http = http
+        self.read_timeout_s = read_timeout_s
+        self.max_header_bytes = max_header_bytes
         self.host = host
         self.port: int | None = None if port == 0 else port
         self._requested_port = port
@@ -544,7 +719,9 @@ class ProxyServer:
         if self._task is not None:
             raise RuntimeError("ProxyServer.start: already started")
         config = uvicorn.Config(
-            self.app, host=self.host, port=self._requested_port, http=self.http, lifespan="off",
+            self.app, host=self.host, port=self._requested_port, lifespan="off",
+            http=_guarded_protocol(self.http, self.read_timeout_s, self.max_header_bytes),
+            h11_max_incomplete_event_size=self.max_header_bytes,  # h11's own head limit, when h11 parses
             log_config=None,  # keep the host process's logging configuration (no dictConfig)
             access_log=False, proxy_headers=False, server_header=False,
             timeout_graceful_shutdown=self.shutdown_timeout_s, timeout_keep_alive=KEEP_ALIVE_S,
