@@ -14,6 +14,12 @@ gradient accumulation. Departures worth knowing:
   gradients; `train/prefix_saved_frac` is the share of input tokens it did not run.
 - `train/logp_diff_mean` compares the engine's sampling logprobs with the learner's recomputation on the
   first micro-batch before any update: the stale-weights alarm of DESIGN.md.
+- `train/entropy` is the policy's mean token entropy over the sampled tokens the learner ran forward (from the
+  same logits, chunked; `rlsys.algos.token_entropy`): the sequences with an advantage, or the first micro-batch
+  on a step without any. `algo.entropy_coef` (a bonus) and `algo.kl_coef` (k3 KL to a frozen reference, logged
+  as `train/kl_ref`) give zero-advantage sequences a gradient too, so with either set every sequence runs.
+  The reference (`load_reference`) is the initial model `model.ckpt`, also when a resumed job's policy starts
+  from a checkpoint: a resume reloads it from there, never from the checkpoint.
 """
 from __future__ import annotations
 
@@ -28,15 +34,18 @@ from typing import Any
 
 import torch
 
-from rlsys.algos import GRPOConfig, GSPOConfig, group_advantages, grpo_loss, gspo_loss, sft_loss, token_logprobs
+from rlsys.algos import (GRPOConfig, GSPOConfig, RegularizerConfig, group_advantages, grpo_loss, gspo_loss, masked_mean,
+                         regularizer_loss, sft_loss, token_entropy, token_logprobs)
 from rlsys.config import Config
-from rlsys.prefix import find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs, sharing_supported
+from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
+                          sharing_supported)
 from rlsys.types import Segment, Trajectory
 from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES, BucketPacker
 from rlsys.weights.transport import make_transport
 
 
 LEARNER_STATE = "learner_state.pt"
+TOKEN_MEAN_METRICS = ("train/entropy", "train/kl_ref")  # averaged over a minibatch's sampled tokens, not sequences
 
 
 @dataclass
@@ -121,6 +130,9 @@ class Learner:
         low, high = cfg.algo.clip_eps()
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
+        self._reg = RegularizerConfig(entropy_coef=cfg.algo.entropy_coef, kl_coef=cfg.algo.kl_coef)
+        # the frozen initial policy of the KL penalty; None when it is off
+        self.ref_model = load_reference(cfg, self.device, self.dtype) if cfg.algo.kl_coef else None
         self.rank, self.world_size = 0, 1
         self.prefix_sharing = cfg.learner.prefix_sharing and cfg.algo.name != "sft"
         if self.prefix_sharing and (why := sharing_supported(self.model)) is not None:
@@ -259,8 +271,11 @@ class Learner:
         normalizer = sum(r.weight for r in chunk)  # trajectories, whatever their number of segments
         if algo == "grpo":  # token-mean over the whole minibatch
             normalizer = float(sum(r.segment.num_sampled for r in chunk))
+        tokens = float(sum(r.segment.num_sampled for r in chunk))  # the regularizers' token-mean normaliser
         local = chunk[self.rank :: self.world_size]  # this rank's share; normalisers count the whole chunk
-        active = [r for r in local if algo == "sft" or r.advantage != 0.0]
+        # an entropy bonus or a KL penalty moves zero-advantage sequences too
+        regularized = bool(self._reg.entropy_coef or self._reg.kl_coef)
+        active = [r for r in local if algo == "sft" or regularized or r.advantage != 0.0]
         self._last_trained += [r.segment for r in active]
         active = self._by_prompt(active)
         sums: dict[str, float] = {}
@@ -276,8 +291,11 @@ class Learner:
                 out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
                 logits = out.logits[:, :-1].float()  # (B, T-1, V): logits[:, t] predicts input_ids[:, t+1]
                 loss, m = sft_loss(logits, targets, mask, normalizer=float(sum(r.segment.num_sampled for r in chunk)))
+                with torch.no_grad():
+                    m["train/entropy"] = float(masked_mean(token_entropy(logits), mask))
             else:
-                logp_new = self._token_logprobs(micro, batch)  # (B, T-1)
+                logp_new, entropy = self._token_logprobs(micro, batch, entropy="grad" if self._reg.entropy_coef
+                                                         else "no_grad")  # (B, T-1) each
                 rollout_lp = batch["rollout_logprobs"][:, 1:]  # (B, T-1)
                 if logp_old is None:
                     old, tis_ref = rollout_lp, None
@@ -287,6 +305,10 @@ class Learner:
                 adv = torch.tensor([r.advantage for r in micro], device=self.device)  # (B,)
                 loss_fn, lcfg = (gspo_loss, self._gspo) if algo == "gspo" else (grpo_loss, self._grpo)
                 loss, m = loss_fn(logp_new, old, adv, mask, lcfg, logp_rollout=tis_ref, normalizer=normalizer)
+                logp_ref = self._ref_logprobs(micro, batch)  # (B, T-1), None without a KL penalty
+                reg, reg_m = regularizer_loss(mask, self._reg, entropy=entropy, logp_new=logp_new, logp_ref=logp_ref,
+                                              normalizer=tokens)
+                loss, m = loss + reg, {**m, **reg_m}
                 if first and start == 0:
                     with torch.no_grad():
                         diff = (rollout_lp - logp_new).abs()
@@ -299,12 +321,15 @@ class Learner:
                 if k == "train/loss" or (k.startswith("train/logp_diff") and k in sums):
                     continue
                 weight = 1.0 if k.startswith("train/logp_diff") else len(micro)
+                if k in TOKEN_MEAN_METRICS:  # token means of the micro-batch: weighed by its sampled tokens
+                    weight = float(mask.sum())
                 sums[k] = sums.get(k, 0.0) + float(v) * weight
                 counts[k] = counts.get(k, 0.0) + weight
         loss_sum = self._reduce_gradients(loss_sum)
         if first and algo != "sft" and not active and local:  # keep the stale-weights alarm without signal
-            sums.update(self._logp_diff(local[:mbs]))
-            counts.update({k: 1.0 for k in ("train/logp_diff_mean", "train/logp_diff_max")})
+            idle = self._logp_diff(local[:mbs])  # and the entropy, measured on the same forward
+            sums.update(idle)
+            counts.update({k: 1.0 for k in idle})
         stats = {k: v / counts[k] for k, v in sums.items()}
         if algo != "sft":  # no sequence with a signal: nothing moved, nothing was clipped
             for key, idle in (("train/ratio_mean", 1.0), ("train/ratio_std", 0.0), ("train/clip_frac", 0.0),
@@ -317,12 +342,13 @@ class Learner:
 
     @torch.no_grad()
     def _logp_diff(self, micro: list[_Row]) -> dict[str, float]:
-        """|engine sampling logprob - learner logprob| over the sampled tokens of ``micro``."""
+        """|engine sampling logprob - learner logprob| and the policy's entropy over the sampled tokens of ``micro``."""
         batch = _collate(micro, self.pad_id, self.device)
-        lp = self._token_logprobs(micro, batch)  # (B, T-1)
+        lp, entropy = self._token_logprobs(micro, batch, entropy="no_grad")  # (B, T-1) each
         mask = batch["loss_mask"][:, 1:]
         diff = (batch["rollout_logprobs"][:, 1:] - lp).abs() * mask
-        return {"train/logp_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)), "train/logp_diff_max": float(diff.max())}
+        return {"train/logp_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)), "train/logp_diff_max": float(diff.max()),
+                "train/entropy": float(masked_mean(entropy, mask))}
 
     @torch.no_grad()
     def _recompute_old_logprobs(self, rows: list[_Row]) -> dict[int, torch.Tensor]:
@@ -338,17 +364,29 @@ class Learner:
         self.model.train()
         return out
 
-    def _token_logprobs(self, micro: list[_Row], batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B, T-1) logprobs of each row's tokens (loss-masked ones exact), shared prompts run once if on."""
+    def _token_logprobs(self, micro: list[_Row], batch: dict[str, torch.Tensor], entropy: EntropyMode = None,
+                        model: torch.nn.Module | None = None) -> Any:
+        """(B, T-1) logprobs of each row's tokens (loss-masked ones exact), shared prompts run once if on; with
+        `entropy`, a pair (logprobs, entropies). `model` defaults to the policy (the reference passes its own)."""
         ids, attn = batch["input_ids"], batch["attention_mask"]
+        policy = model is None
+        model = self.model if policy else model
         if not self.prefix_sharing:
-            return plain_token_logprobs(self.model, ids, attn)
+            return plain_token_logprobs(model, ids, attn, entropy)
         groups = find_prefix_groups([r.segment.input_ids for r in micro], [r.segment.loss_mask for r in micro])
-        self._tokens[0] += sum((len(m) - 1) * n for m, n in zip(groups.members, groups.lengths))
-        self._tokens[1] += int(attn.sum())
+        if policy:  # the reference's forward is not counted in train/prefix_saved_frac
+            self._tokens[0] += sum((len(m) - 1) * n for m, n in zip(groups.members, groups.lengths))
+            self._tokens[1] += int(attn.sum())
         if not groups.members:
-            return plain_token_logprobs(self.model, ids, attn)
-        return shared_token_logprobs(self.model, ids, attn, groups)
+            return plain_token_logprobs(model, ids, attn, entropy)
+        return shared_token_logprobs(model, ids, attn, groups, entropy)
+
+    @torch.no_grad()
+    def _ref_logprobs(self, micro: list[_Row], batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """(B, T-1) logprobs of the frozen reference (None without `algo.kl_coef`): same path as the policy's."""
+        if self.ref_model is None:
+            return None
+        return self._token_logprobs(micro, batch, model=self.ref_model).float()
 
     def _by_prompt(self, rows: list[_Row]) -> list[_Row]:
         """With prefix sharing, rows that share a prompt next to each other, so they share a micro-batch."""
@@ -475,6 +513,22 @@ class Learner:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+def load_reference(cfg: Config, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The frozen reference policy of `algo.kl_coef`: the initial model `model.ckpt` (resolved as the job did, so
+    a resumed job, whose policy starts from a checkpoint, still compares against the model the run started from),
+    in the compute dtype (bf16 on a GPU, no fp32 masters), eval mode, no gradients."""
+    from transformers import AutoModelForCausalLM
+
+    from rlsys.models.resolve import resolve_model
+
+    path = resolve_model(cfg.model.ckpt)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+    ref = ref.to(device).eval()
+    ref.requires_grad_(False)
+    print(f"rlsys: KL reference (algo.kl_coef={cfg.algo.kl_coef}) loaded from {path}", flush=True)
+    return ref
 
 
 # --- GPU memory ----------------------------------------------------------------------------------

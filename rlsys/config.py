@@ -172,6 +172,16 @@ class AlgoConfig(_Section):
     """Leave trajectories with a turn cut at `max_new_tokens` out of the advantages and the loss (TRL's
     `mask_truncated_completions`, DAPO's overlong filtering), so that a cut-off answer whose opening still
     scores is not reinforced into ever longer answers. Counted in `adv/truncated_masked_frac`."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """GSPO/GRPO: entropy bonus, `loss -= entropy_coef * mean token entropy` over the sampled tokens (verl's
+    `entropy_coeff`; rlsys/algos/regularizers.py). 0 = none. The entropy itself is logged every step either way
+    (`train/entropy`). Set, every sequence runs through the learner (not only those with an advantage)."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """GSPO/GRPO: KL penalty to a frozen reference policy, `loss += kl_coef * mean k3(ref, policy)` over the sampled
+    tokens (TRL's `beta`, verl's `kl_loss_coef` with `low_var_kl`), logged as `train/kl_ref`. The reference is the
+    initial model (`model.ckpt`, also after a resume), loaded by the learner in the compute dtype, frozen; it costs
+    one more copy of the weights (counted in the memory estimate) and a no-grad forward per micro-batch. Set, every
+    sequence runs through the learner. 0 = off, no reference loaded."""
     n_minibatches: int = Field(1, ge=1)
     """Optimizer steps per rollout batch; with 1, the GSPO ratio is 1 and GSPO is sequence REINFORCE."""
     dynamic_sampling: bool = False
@@ -187,6 +197,12 @@ class AlgoConfig(_Section):
     max_oversample: float = Field(4.0, ge=1.0)
     """Dynamic sampling's top-up size: a top-up round samples (missing groups / keep rate so far) boards, all at
     once, at most this many boards per missing group (also its size when nothing was kept yet)."""
+
+    @model_validator(mode="after")
+    def _regularizers_need_a_policy_loss(self) -> AlgoConfig:
+        if self.name == "sft" and (self.entropy_coef or self.kl_coef):
+            raise ValueError("algo.entropy_coef / algo.kl_coef: GSPO/GRPO only (SFT's loss takes no regularizer)")
+        return self
 
     def clip_eps(self) -> tuple[float, float]:
         defaults = {"gspo": (3e-4, 4e-4), "grpo": (0.2, 0.28), "sft": (0.0, 0.0)}[self.name]
