@@ -1,0 +1,68 @@
+"""Dynamic sampling in the real loop (local Ray, tiny model): groups without signal are dropped and topped up,
+counted every step, the data cursor counts every board sampled and a resumed run continues after them; a reward
+that never differs ends each step at the cap with the update skipped, not a crash."""
+from __future__ import annotations
+
+import pytest
+
+from tests.loop.conftest import PLUGINS, job_config
+
+pytestmark = pytest.mark.timeout(600)
+
+GROUP_METRICS = ["rollout/groups_sampled", "rollout/groups_kept", "rollout/groups_surplus",
+                 "rollout/zero_var_group_frac", "rollout/sample_rounds"]
+
+
+def _cursor(run_dir, step: int) -> int:
+    from rlsys.checkpoint import read_trainer_state
+
+    state = read_trainer_state(run_dir / "checkpoints" / f"step_{step:06d}")["data"]
+    return state["epoch"] * state["num_items"] + state["position"]
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal_and_the_cursor_resumes_after_the_top_ups(
+        ray_local, tmp_path, capsys):
+    from jobs.train import run_training
+    from rlsys.metrics import read_metrics
+
+    dyn = ["algo.dynamic_sampling=true", "algo.max_sample_rounds=3", "algo.max_oversample=2"]
+    plugins = {"agent_fn": str(PLUGINS / "recording_agent.py"), "reward_fn_path": str(PLUGINS / "settled_reward.py")}
+    run_dir = run_training(job_config(tmp_path, *dyn, max_steps="2", **plugins))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert all(name in r for name in GROUP_METRICS), f"step {r['step']} lacks a group count"
+        assert r["rollout/groups_kept"] <= 2 and r["rollout/sample_rounds"] <= 3
+        # the learner saw no group without signal (it measures the same thing after the filter)
+        assert r["adv/zero_var_group_frac"] == 0.0, r
+        # the rollout metrics describe every trajectory sampled, the dropped groups included
+        assert r["rollout/num_trajectories"] == 4 * r["rollout/groups_sampled"]
+    # the data's order (seed 0) puts a settled board in step 1's first round: dropped, then topped up
+    assert any(r["rollout/zero_var_group_frac"] > 0 and r["rollout/sample_rounds"] > 1 for r in rows), rows
+    assert all(r["rollout/groups_kept"] == 2 for r in rows), "a top-up round did not fill the batch"
+    out = capsys.readouterr().out
+    assert "groups " in out and " rnd)" in out, "the progress line lacks the group counts"
+    sampled = [int(r["rollout/groups_sampled"]) for r in rows]
+    assert _cursor(run_dir, 2) == sum(sampled), "the cursor did not advance by every board sampled"
+
+    # resume: the third step starts from the saved cursor, not from the start of the data
+    run_training(job_config(tmp_path, *dyn, "checkpoint.resume=auto", max_steps="3", **plugins))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert _cursor(run_dir, 3) == sum(sampled) + int(rows[2]["rollout/groups_sampled"])
+
+
+def test_a_reward_that_never_differs_ends_at_the_cap_and_skips_the_update(ray_local, tmp_path, capsys):
+    from jobs.train import run_training
+    from rlsys.metrics import read_metrics
+
+    cfg = job_config(tmp_path, "algo.dynamic_sampling=true", "algo.max_sample_rounds=2", "algo.max_oversample=1",
+                     max_steps="1", agent_fn=str(PLUGINS / "recording_agent.py"),
+                     reward_fn_path=f"{PLUGINS / 'settled_reward.py'}:constant")
+    run_dir = run_training(cfg)
+    (row,) = read_metrics(run_dir / "metrics.jsonl")
+    assert row["rollout/groups_sampled"] == 4 and row["rollout/sample_rounds"] == 2  # 2 boards, then 2 more
+    assert row["rollout/groups_kept"] == 0 and row["rollout/zero_var_group_frac"] == 1.0
+    assert row["train/skipped_batch"] == 1.0
+    assert "none of 4 groups sampled in 2 round(s)" in capsys.readouterr().out
+    assert _cursor(run_dir, 1) == 4
