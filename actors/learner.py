@@ -294,6 +294,8 @@ class Learner:
                 with torch.no_grad():
                     m["train/entropy"] = float(masked_mean(token_entropy(logits), mask))
             else:
+                # the reference first: its no-grad forward is freed before the policy's graph exists
+                logp_ref = self._ref_logprobs(micro, batch)  # (B, T-1), None without a KL penalty
                 logp_new, entropy = self._token_logprobs(micro, batch, entropy="grad" if self._reg.entropy_coef
                                                          else "no_grad")  # (B, T-1) each
                 rollout_lp = batch["rollout_logprobs"][:, 1:]  # (B, T-1)
@@ -305,7 +307,6 @@ class Learner:
                 adv = torch.tensor([r.advantage for r in micro], device=self.device)  # (B,)
                 loss_fn, lcfg = (gspo_loss, self._gspo) if algo == "gspo" else (grpo_loss, self._grpo)
                 loss, m = loss_fn(logp_new, old, adv, mask, lcfg, logp_rollout=tis_ref, normalizer=normalizer)
-                logp_ref = self._ref_logprobs(micro, batch)  # (B, T-1), None without a KL penalty
                 reg, reg_m = regularizer_loss(mask, self._reg, entropy=entropy, logp_new=logp_new, logp_ref=logp_ref,
                                               normalizer=tokens)
                 loss, m = loss + reg, {**m, **reg_m}

@@ -17,7 +17,10 @@ What is counted (bytes; P = parameters, d = bytes of the weights' dtype, T = tok
   hidden state per token per layer plus one layer recomputed), logits (T*V*(d + 4 + 4 + d): the model's logits,
   their float32 copy, and in backward the float32 gradient, its cast and the un-sliced gradient:
   T*V*(3d + 8); `rlsys.algos.token_logprobs` is chunked and keeps no float32 softmax, two 256 MiB chunks of
-  working set), a fragmentation margin, and a CUDA context outside the allocator's cap;
+  working set), a fragmentation margin, and a CUDA context outside the allocator's cap; with `algo.kl_coef` the
+  frozen reference model's weights P*d (its no-grad forward runs before the policy's, so its logits are not on top
+  of the policy's peak), with `algo.entropy_coef` one more float32 T*V gradient (the entropy's, summed into the
+  logprobs');
 - engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, batch_size*n_samples) sequences (never less
   than one `max_model_len` sequence, which vLLM insists on), activations of one scheduler step, CUDA graphs
   (unless `enforce_eager`), and its CUDA context (outside `gpu_memory_utilization`).
@@ -122,6 +125,8 @@ class JobShape:
     engine_max_batch: int = 64  # vLLM max_num_seqs
     concurrency: int = 16  # episodes in flight in one step (batch_size x n_samples)
     enforce_eager: bool = False
+    reference_model: bool = False  # algo.kl_coef: a frozen copy of the initial weights in the learner
+    entropy_bonus: bool = False  # algo.entropy_coef: the entropy's logit gradient in backward
 
     @classmethod
     def from_config(cls, cfg: Any, prompt_tokens: int | None = None) -> JobShape:
@@ -134,7 +139,8 @@ class JobShape:
                    gradient_checkpointing=cfg.model.gradient_checkpointing, mini_bs=cfg.learner.mini_bs, seq_len=seq,
                    max_model_len=r.max_model_len, engine_max_batch=r.engine_max_batch,
                    concurrency=r.batch_size * (1 if cfg.algo.name == "sft" else r.n_samples),
-                   enforce_eager=r.enforce_eager)
+                   enforce_eager=r.enforce_eager, reference_model=bool(getattr(cfg.algo, "kl_coef", 0.0)),
+                   entropy_bonus=bool(getattr(cfg.algo, "entropy_coef", 0.0)))
 
 
 # ------------------------------------------------------------------ the estimate
@@ -241,11 +247,14 @@ def estimate(model: ModelShape, job: JobShape, budget_gib: float | None = None) 
     # un-sliced gradient of logits[:, :-1] (d); float32 weights make the copy an alias: 12. Plus the chunked
     # softmax's working set in token_logprobs (two chunks).
     logits = tokens * V * (12 if d == 4 else 3 * d + 8) + 2 * LOGPROB_CHUNK_BYTES
+    if job.entropy_bonus:  # the entropy's float32 gradient of the logits, summed into the logprobs' in backward
+        logits += tokens * V * 4
     learner = {
         "weights": p * w,
         "gradients": p * w,
         "optimizer states": p * 2 if job.adam_8bit else 2 * p * w,
         "weight-push buffers": p * d,  # packed in the engine's dtype
+        **({"reference model": p * d} if job.reference_model else {}),  # frozen, in the compute dtype
         "activations": activations,
         "logits": logits,
         "fragmentation": int(FRAGMENTATION * (activations + logits) + 0.25 * GIB),

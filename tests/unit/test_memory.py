@@ -65,6 +65,25 @@ def test_learner_and_engine_components_by_hand():
     assert masters["optimizer states"] == 2 * p
 
 
+def test_kl_reference_and_entropy_bonus_are_counted(tmp_path):
+    from rlsys.config import load_config
+
+    shape = ModelShape.from_config(QWEN15B)
+    p, tokens = 1_543_714_304, 2 * 512
+    base = JobShape(dtype_bytes=2, param_bytes=4, mini_bs=2, seq_len=512)
+    plain = estimate(shape, base)
+    assert "reference model" not in plain.learner  # kl_coef = 0: nothing loaded, nothing counted
+    ref = estimate(shape, JobShape(**{**base.__dict__, "reference_model": True}))
+    assert ref.learner["reference model"] == 2 * p  # frozen, in the compute dtype (not the fp32 masters)
+    assert ref.learner_bytes - plain.learner_bytes == 2 * p
+    bonus = estimate(shape, JobShape(**{**base.__dict__, "entropy_bonus": True}))
+    assert bonus.learner["logits"] - plain.learner["logits"] == tokens * 151936 * 4
+    cfg = load_config(flags={"--run-dir": str(tmp_path / "r")}, overrides=["algo.kl_coef=0.05", "algo.entropy_coef=0.001"])
+    assert (JobShape.from_config(cfg).reference_model, JobShape.from_config(cfg).entropy_bonus) == (True, True)
+    off = load_config(flags={"--run-dir": str(tmp_path / "r")})
+    assert (JobShape.from_config(off).reference_model, JobShape.from_config(off).entropy_bonus) == (False, False)
+
+
 def test_checkpointing_and_smaller_micro_batches_need_less():
     shape = ModelShape.from_config(QWEN15B)
     base = JobShape(mini_bs=8, seq_len=1024, max_model_len=1024)
