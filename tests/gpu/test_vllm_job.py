@@ -1,10 +1,18 @@
-"""The tic-tac-toe job on the GPU: Ray placement group, vLLM rollout actor, bf16 learner, CUDA IPC push.
+"""The job on the GPU: Ray placement group, vLLM rollout actor, bf16 learner, CUDA IPC push, and pushes that fail.
 
 Three steps through `jobs.train.run_training`, as `rlsys train` runs them: every step sleeps the engine (level 1,
 level 2, or not at all: `awake`, what `rollout.keep_awake = auto` picks under the budget), trains, pushes by CUDA
 IPC (count checked), wakes it and runs the canary, which raises if the push went wrong.
 `ray`: the same with vLLM's Ray executor (`rollout.executor = "ray"`: the worker is a Ray actor in the job's
 placement group, beside the learner, fed a `PerGpuPayload`), the tensor-parallel path at tp_size 1.
+`fp32master`: fp32 master weights under bf16 autocast against the bf16 engine, with the default canary tolerance.
+
+The reward trains (tests/loop's: spread within every group, so every step has advantages and a gradient), and
+after every push the engine's logprobs on the canary's fixed sequence must have moved from the previous push's
+(`sync/canary_engine_shift`) while matching the learner's: a push that never landed cannot pass as a healthy one,
+as it could when the random model's tic-tac-toe reward was -1 everywhere and nothing trained.
+The fault tests make the second push skip (an engine that reports the count without loading: the canary) or lose
+a bucket (with fp32 masters, whose canary tolerance is the loosest: the count check), and that step must fail.
 """
 from __future__ import annotations
 
@@ -16,6 +24,8 @@ import pytest
 from tests.gpu.conftest import REPO, measure, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu, pytest.mark.timeout(600)]
+PLUGINS = REPO / "tests" / "loop" / "plugins"
+MIN_SHIFT = 1e-3  # mean |change| of the engine's canary logprobs per push at lr 1e-3 (0 when a push is skipped)
 
 
 @pytest.fixture
@@ -31,24 +41,32 @@ def ray_gpu():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("drop_rollout_state, executor, keep_awake", [
-    (False, "auto", "false"), (True, "auto", "auto"), (False, "ray", "auto"), (False, "auto", "auto")],
-    ids=["sleep1", "sleep2", "ray", "awake"])
-def test_three_tictactoe_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_path, drop_rollout_state, executor,
-                                                    keep_awake, capfd):
-    from jobs.placement import BF16_CANARY_TOL
-    from jobs.train import run_training
+def gpu_job_config(tmp_path, gpu_tiny_path, *overrides: str, **flags):
     from rlsys.config import load_config
-    from rlsys.metrics import read_metrics
 
     flags = {"--max-steps": "3", "--run-dir": str(tmp_path / "run"), "--ckpt": gpu_tiny_path, "--engine": "vllm",
-             "--batch-size": "4", "--n-samples": "4", "--max-new-tokens": "32", "--mini-bs": "4", "--lr": "1e-4"}
-    if drop_rollout_state:
-        flags["--drop-rollout-state"] = True
-    cfg = load_config(flags=flags, overrides=[
+             "--batch-size": "4", "--n-samples": "4", "--max-new-tokens": "32", "--mini-bs": "4", "--lr": "1e-3",
+             "--agent-fn": str(PLUGINS / "recording_agent.py"), "--reward-fn-path": str(PLUGINS / "length_reward.py"),
+             **flags}
+    return load_config(flags=flags, overrides=[
         "logging.progress=false", "data.num_items=64", "rollout.enforce_eager=true",
-        "rollout.gpu_memory_budget_gib=6.0", "rollout.max_model_len=1024", f"rollout.executor={executor}",
-        f"rollout.keep_awake={keep_awake}"])
+        "rollout.gpu_memory_budget_gib=6.0", "rollout.max_model_len=1024", *overrides])
+
+
+@pytest.mark.parametrize("drop_rollout_state, executor, keep_awake, fp32_master", [
+    (False, "auto", "false", False), (True, "auto", "auto", False), (False, "ray", "auto", False),
+    (False, "auto", "auto", False), (False, "auto", "auto", True)],
+    ids=["sleep1", "sleep2", "ray", "awake", "fp32master"])
+def test_three_trained_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_path, drop_rollout_state, executor,
+                                                  keep_awake, fp32_master, capfd):
+    from jobs.placement import canary_tolerance
+    from jobs.train import run_training
+    from rlsys.metrics import read_metrics
+
+    flags = {"--drop-rollout-state": True} if drop_rollout_state else {}
+    cfg = gpu_job_config(tmp_path, gpu_tiny_path, f"rollout.executor={executor}", f"rollout.keep_awake={keep_awake}",
+                         f"learner.fp32_master={str(fp32_master).lower()}", **flags)
+    tol = canary_tolerance(cfg, gpu=True)  # the default the job runs with (sync.canary_tol unset)
     run_dir = run_training(cfg)
     out = capfd.readouterr().out
     if executor == "ray":  # the driver's transport line names the Ray worker fed by the rank on its GPU
@@ -61,15 +79,88 @@ def test_three_tictactoe_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     tag = ("ray" if executor == "ray" else "sleep2" if drop_rollout_state else "sleep1" if keep_awake == "false"
-           else "awake")
+           else "fp32master" if fp32_master else "awake")
     for r in rows:
-        assert r["sync/tensors"] > 0
-        assert r["sync/canary_logp_diff"] <= BF16_CANARY_TOL
-        for key in ("sync/canary_logp_diff", "train/logp_diff_mean", "time/sync", "time/sleep", "time/wake",
-                    "time/rollout", "time/train", "perf/tokens_per_s"):
+        for key in ("sync/canary_logp_diff", "sync/canary_engine_shift", "train/logp_diff_mean", "train/grad_norm",
+                    "rollout/rewards_std", "time/sync", "time/sleep", "time/wake", "time/rollout", "time/train",
+                    "perf/tokens_per_s"):
             if key in r and math.isfinite(r[key]):
                 measure(f"job_{tag}_step{r['step']}_{key}", r[key])
-    assert all(r["train/skipped_steps"] == 0 for r in rows)
-    # the stale-weights alarm: vLLM's sampling logprobs vs the learner's recomputation, bf16 on both sides
+    for r in rows:
+        assert r["sync/tensors"] > 0
+        assert r["train/skipped_steps"] == 0
+        assert r["train/grad_norm"] > 0, "the reward gave no gradient: nothing would move the engine"
+        # the push landed: the engine matches the learner and moved since the last push, by more than it disagrees
+        assert r["sync/canary_logp_diff"] <= tol, (r["step"], r["sync/canary_logp_diff"], tol)
+        shift = r["sync/canary_engine_shift"]
+        assert shift > max(MIN_SHIFT, r["sync/canary_logp_diff"]), (r["step"], shift, r["sync/canary_logp_diff"])
+    # the stale-weights alarm: vLLM's sampling logprobs vs the learner's recomputation
     assert all(r.get("train/logp_diff_mean", 0.0) < 0.05 for r in rows), [r.get("train/logp_diff_mean") for r in rows]
     assert (run_dir / "checkpoints" / "step_000003" / "model.safetensors").is_file()
+
+
+class _Remote:
+    def __init__(self, fn) -> None:
+        self.remote = fn
+
+
+class _EngineThatSkips:
+    """A rollout actor whose `load_weights` reports the expected count without loading: a push that never landed."""
+
+    def __init__(self, handle, count: int) -> None:
+        import ray
+
+        self._handle = handle
+        self.load_weights = _Remote(lambda payload: ray.put(count))
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+
+class _LearnerThatLosesABucket:
+    """A learner whose CUDA IPC payload lacks its last bucket: a partial push."""
+
+    def __init__(self, handle) -> None:
+        import ray
+
+        self._handle = handle
+        self.export_weights = _Remote(lambda *args: ray.put(ray.get(handle.export_weights.remote(*args))[:-1]))
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+
+@pytest.mark.parametrize("fault, fp32_master, error", [
+    ("skip", False, "stale-weights canary: engine 0"),
+    # the worker's direct copy refuses a short push itself; before its plan exists, the driver's count check does
+    ("partial", True, r"direct copy: \d+ tensors sent, \d+ planned|engine 0 loaded \d+ tensors, the learner sent")])
+def test_a_skipped_or_partial_push_fails_its_step(ray_gpu, tmp_path, gpu_tiny_path, monkeypatch, fault, fp32_master,
+                                                  error):
+    from jobs.cluster import WeightSync
+    from jobs.train import run_training
+    from rlsys.metrics import read_metrics
+
+    # 1 MiB buckets: the tiny model's weights take several, so a partial push can lose one
+    cfg = gpu_job_config(tmp_path, gpu_tiny_path, f"learner.fp32_master={str(fp32_master).lower()}", "sync.bucket_mb=1")
+    push, pushes = WeightSync.push, []
+
+    def faulty_push(self):
+        pushes.append(len(pushes) + 1)
+        if len(pushes) != 2:  # the second push (step 1) goes wrong
+            return push(self)
+        engines, learners = self.engines, self.learners
+        if fault == "skip":
+            self.engines = [_EngineThatSkips(e, self.expected_count) for e in engines]
+        else:
+            self.learners = [_LearnerThatLosesABucket(rank) for rank in learners]
+        try:
+            return push(self)
+        finally:
+            self.engines, self.learners = engines, learners
+
+    monkeypatch.setattr(WeightSync, "push", faulty_push)
+    with pytest.raises(Exception, match=error):  # a RuntimeError, or the worker's error through Ray and vLLM
+        run_training(cfg)
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0], "step 0 is healthy; the faulty push of step 1 must fail that step"
+    measure(f"job_fault_{fault}_step0_canary", rows[0]["sync/canary_logp_diff"])
