@@ -209,3 +209,43 @@ def test_best_moves_match_independent_negamax_on_every_reachable_board():
         if game.best_moves(board) != _reference_best_moves(board, memo)
     ]
     assert mismatches == [], f"{len(mismatches)} boards differ, first: {mismatches[:3]}"
+
+
+# ---------------------------------------------------------------- board kinds (the evaluation's split)
+
+
+@pytest.mark.parametrize(
+    ("board", "kind", "x_wins", "o_wins"),
+    [
+        ("XX.OO....", "win", [3], [6]),  # X wins at 3 although O threatens 6
+        ("X....XOO.", "block", [], [9]),  # O threatens 9; blocking it is the only move that does not lose
+        (".....OXXO", "lost", [], [3]),  # blocking 3 walks into a fork: every move loses
+        ("...XOXOXO", "lost", [], [1, 3]),  # two threats: X cannot block both
+        ("XO.......", "other", [], []),
+        ("." * 9, "other", [], []),
+    ],
+)
+def test_board_kind_on_known_positions(board, kind, x_wins, o_wins):
+    assert game.winning_squares(board, "X") == x_wins
+    assert game.winning_squares(board, "O") == o_wins
+    assert game.board_kind(board) == kind
+
+
+def test_board_kinds_agree_with_minimax_on_every_dataset_board():
+    counts = dict.fromkeys(game.BOARD_KINDS, 0)
+    for board in all_boards():
+        kind = game.board_kind(board)
+        counts[kind] += 1
+        best = game.best_moves(board)
+        if kind == "win":  # taking the win is always optimal
+            assert set(game.winning_squares(board, "X")) <= set(best), board
+        elif kind == "block":  # the block rate is the optimal rate on these boards, exactly
+            assert best == game.winning_squares(board, "O"), board
+        elif kind == "lost":  # nothing to tell apart: every legal move is optimal
+            assert best == game.legal_moves(board), board
+    assert counts == {"win": 1498, "block": 360, "lost": 152, "other": 413}
+
+
+def test_board_kind_refuses_terminal_boards():
+    with pytest.raises(ValueError, match="terminal"):
+        game.board_kind("XXXOO....")

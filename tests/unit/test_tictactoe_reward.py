@@ -220,3 +220,26 @@ def _is_exact_square_call(tool_call: object) -> bool:
 def test_random_first_calls_that_are_not_a_square_integer_score_minus_one(tool_calls):
     assume(not _is_exact_square_call(tool_calls[0]))  # a well-formed call is scored by the game (tested above)
     assert _judge(_output(*tool_calls)) == ("parse_error", -1.0)
+
+
+def test_summarize_by_kind_counts_each_kind_against_its_own_success():
+    from rlsys.envs.tictactoe.reward import summarize_by_kind
+
+    win, block, lost, other = "XX.OO....", "X....XOO.", "...XOXOXO", "XO......."
+    items = [{"board": b} for b in (win, win, win, block, block, lost, other, other)]
+    outcomes = ["win", "optimal", "failed",  # an optimal non-winning move is not a taken win; a failure is a miss
+                "optimal", "legal_suboptimal",  # blocked, did not block
+                "legal_suboptimal",  # any legal move on a lost board
+                "optimal", "occupied"]
+    m = summarize_by_kind(items, outcomes)
+    assert m == {"win_taken_rate": 1 / 3, "win_episodes": 3.0, "block_rate": 0.5, "block_episodes": 2.0,
+                 "lost_legal_rate": 1.0, "lost_episodes": 1.0, "other_optimal_rate": 0.5, "other_episodes": 2.0}
+
+
+def test_summarize_by_kind_leaves_out_the_rate_of_an_absent_kind():
+    from rlsys.envs.tictactoe.reward import summarize_by_kind
+
+    m = summarize_by_kind([{"board": "XX.OO...."}], ["win"])
+    assert m["win_taken_rate"] == 1.0 and "block_rate" not in m and m["block_episodes"] == 0.0
+    with pytest.raises(ValueError, match="2 items but 1 outcomes"):
+        summarize_by_kind([{"board": "XX.OO...."}] * 2, ["win"])

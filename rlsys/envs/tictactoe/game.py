@@ -189,3 +189,37 @@ def move_outcome(board: str, square: int) -> str:
 def score_move(board: str, square: int) -> float:
     """The reward for choosing `square`: out of range or occupied -1.0, immediate win 1.0, optimal 0.8, else 0.0."""
     return SCORE_BY_OUTCOME[move_outcome(board, square)]
+
+
+# The kinds of boards the evaluation reports apart (`board_kind`), in the order it prints them.
+BOARD_KINDS = ("win", "block", "lost", "other")
+
+
+def winning_squares(board: str, player: Player) -> list[int]:
+    """The free squares (ascending) where `player` would complete a line, whoever is to move."""
+    validate_board(board)
+    return [square for square in legal_moves(board)
+            if any(square - 1 in line and all(board[i] == player for i in line if i != square - 1) for line in LINES)]
+
+
+def board_kind(board: str) -> str:
+    """What a board tests, for the side to move (X on dataset boards):
+
+    - 'win': it has an immediate win (did the model take it?);
+    - 'block': it has none, the opponent threatens to win next move, and blocking is the only move that does not
+      lose (exactly the optimal moves; did the model block?);
+    - 'lost': the opponent threatens and every move loses (two threats, or a block that walks into a fork): every
+      legal move is optimal there, so a good and a bad answer cannot be told apart;
+    - 'other': no immediate win or threat (did the model find an optimal move?).
+
+    Raises ValueError for an invalid or terminal board.
+    """
+    validate_board(board)
+    player = to_move(board)
+    if is_terminal(board):
+        raise ValueError(f"board {board!r} is terminal; it has no kind")
+    if winning_squares(board, player):
+        return "win"
+    if not winning_squares(board, "O" if player == "X" else "X"):
+        return "other"
+    return "lost" if _negamax_value(board) == -1 else "block"

@@ -20,6 +20,9 @@ Why so defensive: the output is whatever a policy under training produced, so an
 any type. A malformed output is a -1.0 sample, never an exception (an exception would mark the
 trajectory failed and drop it from the group baseline, hiding exactly the behaviour RL must punish).
 Only a bad `record['item']` raises: that is bad data or a framework bug, not the model's fault.
+
+`summarize(outcomes)` and `summarize_by_kind(items, outcomes)` are the optional evaluation hooks jobs/eval.py
+calls: the held-out rates over all boards, and split by what a board tests (`game.board_kind`).
 """
 from __future__ import annotations
 
@@ -117,3 +120,32 @@ def summarize(outcomes: list[str]) -> dict[str, float]:
     optimal = sum(o in ("optimal", "win") for o in outcomes)
     return {"valid_call_rate": valid / n, "legal_move_rate": legal / n, "optimal_move_rate": optimal / n,
             "win_move_rate": sum(o == "win" for o in outcomes) / n}
+
+
+# per board kind: the rate reported and the outcomes that count as success there
+KIND_RATES = {
+    "win": ("win_taken_rate", ("win",)),  # an immediate win exists: was it taken?
+    "block": ("block_rate", ("optimal", "win")),  # O threatens, X has no win: the only non-losing move is the block
+    "lost": ("lost_legal_rate", ("legal_suboptimal", "optimal", "win")),  # every legal move is optimal
+    "other": ("other_optimal_rate", ("optimal", "win")),
+}
+
+
+def summarize_by_kind(items: list[dict], outcomes: list[str]) -> dict[str, float]:
+    """Evaluation rates split by board kind (`game.board_kind`), one outcome per item (a failed episode's outcome
+    is any other label and counts as a miss): `win_taken_rate`, `block_rate` (exactly the optimal rate on those
+    boards), `lost_legal_rate`, `other_optimal_rate`, and `<kind>_episodes`. A kind without episodes gets no rate."""
+    if len(items) != len(outcomes):
+        raise ValueError(f"summarize_by_kind: {len(items)} items but {len(outcomes)} outcomes")
+    hits = dict.fromkeys(game.BOARD_KINDS, 0)
+    episodes = dict.fromkeys(game.BOARD_KINDS, 0)
+    for item, label in zip(items, outcomes):
+        kind = game.board_kind(item["board"])
+        episodes[kind] += 1
+        hits[kind] += label in KIND_RATES[kind][1]
+    out: dict[str, float] = {}
+    for kind in game.BOARD_KINDS:
+        if episodes[kind]:
+            out[KIND_RATES[kind][0]] = hits[kind] / episodes[kind]
+        out[f"{kind}_episodes"] = float(episodes[kind])
+    return out
