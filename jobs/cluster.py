@@ -501,7 +501,7 @@ class Job:
         """Held-out episodes at `eval.temperature` (greedy by default); metrics under `eval/`."""
         if not self.eval_items:
             return {}
-        from jobs.eval import DEFAULT_VARIANT, with_variants
+        from jobs.eval import DEFAULT_VARIANT, outcome_rates, with_variants
 
         variants = [DEFAULT_VARIANT]
         if self.cfg.eval.perturb:
@@ -518,16 +518,17 @@ class Job:
         finally:
             ray.get([r.set_temperature.remote(None) for r in self.rollouts])
         del refs  # the driver keeps only the summaries
-        summarize = getattr(sys.modules.get(self.reward_module, None), "summarize", None)
+        reward_module = sys.modules.get(self.reward_module, None)
         per_item = len(self.eval_items) * n  # episodes of one variant, in submission order
+        episode_items = [item for item in self.eval_items for _ in range(n)]  # episode k's item: item k // n
         metrics: dict[str, float] = {}
         for k, v in enumerate(variants):
             mine = summaries[k * per_item:(k + 1) * per_item]
             prefix = "eval/" if v == DEFAULT_VARIANT else f"eval/{v}/"
             metrics.update({prefix + (key.split("/", 1)[1] if key.startswith("rollout/") else key): x
                             for key, x in rollout_metrics(mine, self.outcome_labels).items()})
-            if summarize is not None:
-                metrics.update({prefix + key: x for key, x in summarize([s.outcome for s in mine]).items()})
+            # the same rates as `rlsys eval` (totals and by kind of board; a failed episode is a miss)
+            metrics.update({prefix + key: x for key, x in outcome_rates(reward_module, episode_items, mine).items()})
         return metrics
 
     def _episodes(self, items: list[dict[str, Any]], n: int, submit,

@@ -15,7 +15,11 @@ Each variant is reported on its own (rates, reward, error table), next to the un
 
 Rates (`valid_call_rate`, `legal_move_rate`, `optimal_move_rate`, `win_move_rate`) come from the reward
 module's optional `summarize(outcomes)`; failed episodes (agent or reward errors) count in the denominator
-and appear in the error table under their failure kind, never as a 0 reward.
+and appear in the error table under their failure kind, never as a 0 reward. Beside them, the rates by kind of
+board from its optional `summarize_by_kind(items, outcomes)`: for tic-tac-toe `win_taken_rate` (boards with an
+immediate win), `block_rate` (O threatens, blocking is the only move that does not lose), `other_optimal_rate`
+(no win, no threat), `lost_legal_rate` (every move loses) and `<kind>_episodes` (`game.board_kind`).
+`outcome_rates` computes both, here and for the training job's evaluations (`Job.evaluate`).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from rlsys.errors import UserInputError
 DEFAULT_VARIANT = "default"
 BUILTIN_AGENT = "rlsys.envs.tictactoe.agent:agent"
 RATE_KEYS = ("valid_call_rate", "legal_move_rate", "optimal_move_rate", "win_move_rate")
+KIND_RATE_KEYS = ("win_taken_rate", "block_rate", "other_optimal_rate", "lost_legal_rate")
 EXAMPLES_PER_VARIANT = 3
 
 
@@ -122,14 +127,29 @@ def start_actors(cfg: Config, model_path: str) -> tuple[Any, dict[str, Any], lis
 
 
 # --- turning summaries into the report -------------------------------------------------------------------
-def variant_metrics(summaries: list[Any], labels: tuple[str, ...], summarize: Any) -> dict[str, Any]:
-    """Rates, reward and error table of one variant's episodes (failed ones count against every rate)."""
+def outcome_rates(reward_module: Any, items: list[dict[str, Any]], summaries: list[Any]) -> dict[str, float]:
+    """The reward module's optional rates over these episodes (``items[k]`` is episode k's item): its
+    `summarize(outcomes)` (over all boards) and `summarize_by_kind(items, outcomes)` (by kind of board). A failed
+    episode's outcome is "failed", so it counts against every rate. {} when the module has neither."""
+    outcomes = [s.outcome if not s.failed else "failed" for s in summaries]
+    out: dict[str, float] = {}
+    summarize = getattr(reward_module, "summarize", None)
+    if summarize is not None:
+        out.update({k: float(v) for k, v in summarize(outcomes).items()})
+    by_kind = getattr(reward_module, "summarize_by_kind", None)
+    if by_kind is not None:
+        out.update({k: float(v) for k, v in by_kind(items, outcomes).items()})
+    return out
+
+
+def variant_metrics(summaries: list[Any], items: list[dict[str, Any]], labels: tuple[str, ...],
+                    reward_module: Any) -> dict[str, Any]:
+    """Rates (`outcome_rates`), reward and error table of one variant's episodes, ``items[k]`` episode k's item."""
     from rlsys.metrics import rollout_metrics
 
     m = rollout_metrics(summaries, labels)
     out: dict[str, Any] = {"episodes": len(summaries)}
-    if summarize is not None:
-        out.update({k: float(v) for k, v in summarize([s.outcome if not s.failed else "failed" for s in summaries]).items()})
+    out.update(outcome_rates(reward_module, items, summaries))
     for key in ("rewards_mean", "failed_frac", "response_len_mean"):
         if f"rollout/{key}" in m:
             out[key] = m[f"rollout/{key}"]
@@ -171,7 +191,6 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
     reward_fn, _ = load_reward(cfg.env.reward_fn_path)
     reward_module = sys.modules[reward_fn.__module__]
     labels = tuple(getattr(reward_module, "OUTCOMES", ()))
-    summarize = getattr(reward_module, "summarize", None)
     items, source = eval_items(cfg, req.n)
     variants = [DEFAULT_VARIANT]
     if req.perturb:
@@ -207,8 +226,9 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
 
     per_variant = {}
     for v in variants:
-        mine = [s for k, s in enumerate(summaries) if episodes[k // req.samples][0] == v]
-        per_variant[v] = variant_metrics(mine, labels, summarize)
+        ks = [k for k in range(len(summaries)) if episodes[k // req.samples][0] == v]
+        per_variant[v] = variant_metrics([summaries[k] for k in ks], [episodes[k // req.samples][1] for k in ks],
+                                         labels, reward_module)
     return {
         "ckpt": req.ckpt, "model_path": model_path, "boards": source, "num_boards": len(items),
         "samples": req.samples, "temperature": req.temperature, "agent": cfg.env.agent_fn,
@@ -239,6 +259,10 @@ def format_table(report: dict[str, Any]) -> str:
     first = report["variants"][variants[0]]
     for key in [k for k in RATE_KEYS if k in first] + ["rewards_mean", "failed_frac"]:
         rows.append((key, [report["variants"][v].get(key) for v in variants]))
+    kind_rows = [(key, [report["variants"][v].get(key) for v in variants])
+                 for key in KIND_RATE_KEYS if any(key in report["variants"][v] for v in variants)]
+    # episodes of each kind (the same boards in every variant)
+    kind_counts = ", ".join(f"{k.removesuffix('_episodes')} {int(x)}" for k, x in first.items() if k.endswith("_episodes"))
     labels = sorted({k for v in variants for k in report["variants"][v]["errors"]},
                     key=lambda k: (_label_order(k), k))
     temp = report["temperature"]
@@ -254,6 +278,10 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     for name, values in rows:
         lines.append(f"  {name:<22}" + "".join(_cell(x, width) for x in values))
+    if kind_rows:
+        lines.append(f"  by kind of board (episodes: {kind_counts})")
+        for name, values in kind_rows:
+            lines.append(f"  {name:<22}" + "".join(_cell(x, width) for x in values))
     lines.append("  error table (fraction of episodes)")
     for label in labels:
         lines.append(f"    {label:<20}" + "".join(_cell(report['variants'][v]['errors'].get(label, 0.0), width)

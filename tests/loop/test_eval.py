@@ -92,6 +92,7 @@ def test_eval_rates_of_a_model_that_always_plays_5_match_the_boards(ray_local, f
     from jobs.cluster import load_eval_items
     from jobs.eval import EvalRequest, format_table, run_eval
     from rlsys.config import load_config
+    from rlsys.envs.tictactoe import game
     from rlsys.envs.tictactoe.prompt import PERTURBATIONS
 
     n = 8
@@ -113,8 +114,21 @@ def test_eval_rates_of_a_model_that_always_plays_5_match_the_boards(ray_local, f
         assert sum(v["errors"].values()) == pytest.approx(1.0), name
         assert v["win_move_rate"] <= v["optimal_move_rate"] <= v["legal_move_rate"] <= v["valid_call_rate"], name
 
+    labels = [game.move_outcome(b, FIXED_SQUARE) for b in boards]  # by kind of board, counted here by hand
+    success = {"win": ("win",), "block": ("optimal",), "lost": ("legal_suboptimal", "optimal", "win"),
+               "other": ("optimal",)}
+    rate_key = {"win": "win_taken_rate", "block": "block_rate", "lost": "lost_legal_rate", "other": "other_optimal_rate"}
+    for kind in game.BOARD_KINDS:
+        mine = [lab for b, lab in zip(boards, labels) if game.board_kind(b) == kind]
+        assert default[f"{kind}_episodes"] == len(mine), kind
+        if mine:
+            assert default[rate_key[kind]] == pytest.approx(sum(lab in success[kind] for lab in mine) / len(mine)), kind
+        else:
+            assert rate_key[kind] not in default, kind
+
     table = format_table(report)
     assert "legal_move_rate" in table and "tool_renamed" in table and "no_tool_call" in table
+    assert "by kind of board" in table and "win_taken_rate" in table
 
 
 def test_prompt_variant_items_get_the_perturbed_chat_and_plain_items_the_training_chat():
