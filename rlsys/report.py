@@ -1,9 +1,11 @@
 """`rlsys report RUN_DIR`: a run's results at a glance, from its metrics.jsonl (and eval.jsonl), plus PNG plots.
 
 Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window`
-steps; the windows overlap on runs shorter than two windows), the mean time per phase, and the held-out
-evaluations. Writes `RUN_DIR/plots/`: reward.png, response_len.png, loss.png, logp_diff.png, step_time.png
-and errors.png (a plot whose metric the run did not log, e.g. logp_diff for SFT, is skipped and said so).
+steps; the windows overlap on runs shorter than two windows), the policy's entropy (and KL to the reference when
+`algo.kl_coef` is set), the mean time per phase, and the held-out evaluations: totals, and rates by kind of board
+(win taken, blocked, optimal elsewhere). Writes `RUN_DIR/plots/`: reward.png, response_len.png, loss.png,
+logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run did not log, e.g. logp_diff
+for SFT, is skipped and said so).
 
 Reads only files (no Ray, no TensorBoard): works on a run that is still going or was copied elsewhere.
 Values that metrics.jsonl keeps as strings ("nan", "inf") are read back as floats.
@@ -25,6 +27,8 @@ ERROR_COLORS = {"no_tool_call": "#8c8c8c", "parse_error": "#d62728", "occupied":
                 "legal_suboptimal": "#1f77b4", "optimal": "#2ca02c", "win": "#17becf"}
 EVAL_KEYS = ("eval/valid_call_rate", "eval/legal_move_rate", "eval/optimal_move_rate", "eval/win_move_rate",
              "eval/rewards_mean")
+# by kind of board (jobs/eval.py's KIND_RATE_KEYS), printed on a line of their own
+EVAL_KIND_KEYS = ("eval/win_taken_rate", "eval/block_rate", "eval/other_optimal_rate", "eval/lost_legal_rate")
 
 
 class ReportError(ValueError):
@@ -131,13 +135,13 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
             times[key.removeprefix("time/")] = _mean(values)
     out["time_mean_s"] = times
     for key in ("perf/tokens_per_s", "rollout/response_len_mean", "train/loss", "train/logp_diff_mean",
-                "sync/canary_logp_diff"):
+                "sync/canary_logp_diff", "train/entropy", "train/kl_ref"):
         _, values = run.series(key)
         if values:
             out.setdefault("means", {})[key] = _mean(values)
             out.setdefault("lasts", {})[key] = values[-1]
     out["evals"] = [{"step": e.get("step"), "tag": e.get("tag"),
-                     **{k.removeprefix("eval/"): as_float(e.get(k)) for k in EVAL_KEYS if k in e}}
+                     **{k.removeprefix("eval/"): as_float(e.get(k)) for k in EVAL_KEYS + EVAL_KIND_KEYS if k in e}}
                     for e in run.evals]
     return out
 
@@ -160,7 +164,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append("  reward       none logged (every trajectory failed)")
     means, lasts = s.get("means", {}), s.get("lasts", {})
     for key, label, spec in (("rollout/response_len_mean", "response len", ".1f"), ("train/loss", "loss", ".4f"),
-                             ("train/logp_diff_mean", "|dlogp|", ".2e"), ("perf/tokens_per_s", "tokens/s", ".0f")):
+                             ("train/logp_diff_mean", "|dlogp|", ".2e"), ("train/entropy", "entropy", ".4f"),
+                             ("train/kl_ref", "KL to ref", ".2e"), ("perf/tokens_per_s", "tokens/s", ".0f")):
         if key in means:
             lines.append(f"  {label:<12} mean {_fmt(means[key], spec)}, last {_fmt(lasts[key], spec)}")
     if s["errors"]:
@@ -176,9 +181,14 @@ def format_summary(s: dict[str, Any]) -> str:
                 lines.append(f"    {phase:<12} {t:>8.3f}{share}")
     if s["evals"]:
         lines.append("  held-out eval")
+        kinds = {k.removeprefix("eval/") for k in EVAL_KIND_KEYS}
         for e in s["evals"]:
-            rates = "  ".join(f"{k} {v:.3f}" for k, v in e.items() if k not in ("step", "tag") and v is not None)
+            shown = {k: v for k, v in e.items() if k not in ("step", "tag") and v is not None}
+            rates = "  ".join(f"{k} {v:.3f}" for k, v in shown.items() if k not in kinds)
             lines.append(f"    after step {e['step']} [{e['tag']}]: {rates}")
+            by_kind = "  ".join(f"{k} {v:.3f}" for k, v in shown.items() if k in kinds)
+            if by_kind:
+                lines.append(f"      by kind of board: {by_kind}")
     else:
         lines.append("  held-out eval: none in this run (eval.at_end / eval.every, or `rlsys eval --ckpt RUN_DIR`)")
     return "\n".join(lines)
@@ -279,6 +289,19 @@ def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path]
         save(fig, "logp_diff.png")
     else:
         skipped.append("logp_diff.png: no train/logp_diff_mean (SFT runs log none)")
+
+    series = {k: run.series(k) for k in ("train/entropy", "train/kl_ref")}
+    series = {k: v for k, v in series.items() if v[0]}
+    if series:
+        fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.5 + 1.5 * len(series)), sharex=True, squeeze=False)
+        for ax, (key, (s, v)) in zip(axes[:, 0], series.items()):
+            ax.plot(s, v, color="tab:orange" if key == "train/entropy" else "tab:brown")
+            ax.set(ylabel="nats", title=f"{key}: {title}")
+            ax.grid(alpha=0.3)
+        axes[-1, 0].set_xlabel("step")
+        save(fig, "entropy.png")
+    else:
+        skipped.append("entropy.png: no train/entropy (a run from before it was logged)")
 
     phases = [(p, run.series(f"time/{p}")) for p in PHASES]
     phases = [(p, sv) for p, sv in phases if sv[0]]

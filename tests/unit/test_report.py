@@ -25,6 +25,7 @@ def make_run(root: Path, steps: int = 24, with_eval: bool = True, torn_tail: boo
             "error/occupied": occupied, "error/optimal": 1.0 - occupied, "error/no_tool_call": 0.0,
             "train/loss": 0.1, "train/logp_diff_mean": "nan" if step == 3 else 1e-7 * (step + 1),
             "time/rollout": 2.0, "time/train": 1.0, "time/sync": 0.5, "time/step": 4.0, "perf/tokens_per_s": 100.0,
+            "train/entropy": 1.0 - 0.02 * step,
         }))
     text = "\n".join(lines) + "\n" + ('{"step": 24, "rollout/rew' if torn_tail else "")
     (root / "metrics.jsonl").write_text(text)
@@ -32,7 +33,8 @@ def make_run(root: Path, steps: int = 24, with_eval: bool = True, torn_tail: boo
     if with_eval:
         (root / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
             {"step": 0, "tag": "start", "eval/rewards_mean": -0.9, "eval/legal_move_rate": 0.1, "eval/valid_call_rate": 1.0},
-            {"step": steps, "tag": "end", "eval/rewards_mean": 0.2, "eval/legal_move_rate": 0.7, "eval/valid_call_rate": 1.0},
+            {"step": steps, "tag": "end", "eval/rewards_mean": 0.2, "eval/legal_move_rate": 0.7, "eval/valid_call_rate": 1.0,
+             "eval/win_taken_rate": 0.9, "eval/block_rate": 0.5, "eval/other_optimal_rate": 0.25, "eval/win_episodes": 160},
         ]))
     return root
 
@@ -50,6 +52,9 @@ def test_summary_numbers(tmp_path):
     # the "nan" string is read back as a float and left out of the mean, not a crash
     assert s["means"]["train/logp_diff_mean"] == pytest.approx(sum(1e-7 * (k + 1) for k in range(24) if k != 3) / 23)
     assert [e["tag"] for e in s["evals"]] == ["start", "end"] and s["evals"][1]["legal_move_rate"] == 0.7
+    assert (s["evals"][1]["win_taken_rate"], s["evals"][1]["block_rate"]) == (0.9, 0.5)
+    assert "win_taken_rate" not in s["evals"][0]  # an eval from before the split has none
+    assert s["means"]["train/entropy"] == pytest.approx(1.0 - 0.02 * 11.5) and s["lasts"]["train/entropy"] == pytest.approx(0.54)
 
 
 def test_printed_report_and_plots(tmp_path, capsys):
@@ -57,9 +62,12 @@ def test_printed_report_and_plots(tmp_path, capsys):
     assert main([str(run)]) == 0
     out = capsys.readouterr().out
     for needle in ("24 steps logged", "best 0.150 (step 24)", "occupied", "time per step, mean (s): 4.00",
-                   "rollout         2.000 (50%)", "after step 24 [end]", "legal_move_rate 0.700"):
+                   "rollout         2.000 (50%)", "after step 24 [end]", "legal_move_rate 0.700",
+                   "by kind of board: win_taken_rate 0.900  block_rate 0.500  other_optimal_rate 0.250",
+                   "entropy      mean 0.7700, last 0.5400"):
         assert needle in out, needle
-    for name in ("reward.png", "response_len.png", "loss.png", "logp_diff.png", "step_time.png", "errors.png"):
+    for name in ("reward.png", "response_len.png", "loss.png", "logp_diff.png", "entropy.png", "step_time.png",
+                 "errors.png"):
         png = run / "plots" / name
         assert png.read_bytes()[:8] == PNG_MAGIC, name
         assert png.stat().st_size > 5_000, f"{name} looks empty"
