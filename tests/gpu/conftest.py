@@ -38,7 +38,8 @@ def gpu_tiny_path() -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def _vllm_env():
-    # the engine core vLLM spawns inherits these (TRAPS.md: IPC handles through collective_rpc, FlashInfer JIT)
+    # the engine core vLLM spawns inherits these (docs/gpu.md, "What rlsys relies on": IPC handles through
+    # collective_rpc, FlashInfer JIT)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "token")

@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts (run_on_device.sh, session.sh) on the GPU machine, from the repo root: the
-# unpacked wheel set (/tmp/gpu-site, ../shared/device/README.md), the repo and .devcarry/extra (small pure-Python
+# unpacked wheel set (/tmp/gpu-site, docs/gpu.md ("Running the GPU checks")), the repo and .devcarry/extra (small pure-Python
 # packages the GPU image lacks, e.g. tomli_w) on PYTHONPATH, and the environment every GPU run of rlsys wants.
 out=${OUT:-gpu-logs}; mkdir -p "$out"
 export PYTHONPATH=/tmp/gpu-site/site:$PWD:$PWD/.devcarry/extra${PYTHONPATH:+:$PYTHONPATH}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of rlsys, each on its own (one failing does not hide the others), logs into $OUT.
-# On the GPU machine, after the gpu-site bundle is unpacked (../shared/device/README.md), from the repo root:
+# On the GPU machine, after the gpu-site bundle is unpacked (docs/gpu.md, "Running the GPU checks"), from the repo root:
 #   bash tests/gpu/run_on_device.sh
 # Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-v1, machine,
 # startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session's GPU work as a queue that outlives the device call starting it (a call lasts at most
 # 10 minutes, the runs longer; a process in its own session runs until the machine goes back). From the repo
-# root, after the gpu-site and qwen bundles are unpacked (../shared/device/README.md):
+# root, after the gpu-site and qwen bundles are unpacked (docs/gpu.md, "Running the GPU checks"):
 #   bash tests/gpu/session.sh start      # converts the GGUF once, starts the queue with setsid, returns
 #   bash tests/gpu/session.sh wait S     # waits up to S s (less if the queue ends), then copies results to $OUT
 # The queue: the Qwen 0.5B tic-tac-toe runs of RUNS (NAME=key=value,key=value ...), and the whole-game run, at the same

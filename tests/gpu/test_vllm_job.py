@@ -133,7 +133,8 @@ class _LearnerThatLosesABucket:
 @pytest.mark.parametrize("fault, fp32_master, error", [
     ("skip", False, "stale-weights canary: engine 0"),
     # the worker's direct copy refuses a short push itself; before its plan exists, the driver's count check does
-    ("partial", True, r"direct copy: \d+ tensors sent, \d+ planned|engine 0 loaded \d+ tensors, the learner sent")])
+    ("partial", True, r"direct copy: \d+ tensors sent, \d+ planned|engine 0 loaded \d+ tensors, the learner sent")],
+    ids=["skip", "partial"])
 def test_a_skipped_or_partial_push_fails_its_step(ray_gpu, tmp_path, gpu_tiny_path, monkeypatch, fault, fp32_master,
                                                   error):
     from jobs.cluster import WeightSync

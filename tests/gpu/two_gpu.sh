@@ -2,7 +2,7 @@
 # Issue #9 on the nvidia-h200-x2 kind: the tic-tac-toe bench job on one GPU, with world_size=2 (two co-located
 # engine + learner pairs) and with tp_size=2 (one engine over both GPUs), same model, seed and global batch,
 # 20 timed steps each; then one table (python -m jobs.bench compare) into $OUT/two-gpu.md. From the repo root,
-# after the gpu-site bundle is unpacked (../shared/device/README.md); each run well under 4 minutes.
+# after the gpu-site bundle is unpacked (docs/gpu.md, "Running the GPU checks"); each run well under 4 minutes.
 #   bash tests/gpu/two_gpu.sh                      # all three, ~10 minutes: split with RUNS="one ws2" etc.
 # Keep NCCL_NVLS_ENABLE=0 and the other multicast-off variables the machine sets (KINDS.md).
 set -u
