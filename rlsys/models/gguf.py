@@ -11,7 +11,7 @@ What the conversion does on top of transformers' GGUF loader (`from_pretrained(.
   older 5.x loads them dequantized but marks the model quantized, so the weights are copied into a fresh
   model built from the config (the route measured on the GPU machine's transformers 5.17);
 - `rope_theta` is written at the top of config.json beside `rope_parameters`: 4.x readers otherwise fall
-  back to 10000 and produce garbage (../shared/models/README.md);
+  back to 10000 and produce garbage (docs/gpu.md, "What rlsys relies on");
 - Qwen2 tokenizers: tokenizer.json gets Qwen2's NFC normalizer back (the GGUF reader drops it);
 - Qwen2.5 tokenizers: the added tokens the GGUF converter of some versions leaves as plain vocabulary
   (`<tool_call>` would encode as four tokens and re-tokenized turns would differ from sampled ones) are
