@@ -12,7 +12,8 @@ How this departs from the GRPO paper, on purpose:
   sequences of per-sequence token means: every sampled token weighs the same, so long responses are
   not down-weighted per token.
 - Asymmetric "clip-higher" range, eps_low 0.2 / eps_high 0.28 by default (DAPO).
-- No KL penalty against a reference model and no entropy bonus.
+- No KL penalty against a reference model and no entropy bonus here: both are optional terms the learner adds
+  (`rlsys/algos/regularizers.py`, `algo.kl_coef` / `algo.entropy_coef`, off by default).
 - The token log-ratio is clamped to [-20, 20] before exp (as verl does); beyond it the gradient is zero.
 - Truncated importance sampling, when ``logp_rollout`` is given and ``cfg.tis_cap`` is set, is per token:
   w_i,t = min(exp(logp_old - logp_rollout), tis_cap), detached (off by default for GRPO).

@@ -15,7 +15,8 @@ How this departs from, or pins down, the paper:
   step, s_i == 1, nothing is clipped and GSPO reduces to sequence-level REINFORCE with a group baseline:
   grad = -(1/N) sum_i A_i * mean_t grad logp_new[i, t]. Clipping only acts from the second optimizer
   step on a batch (or when logp_old comes from stale engine weights, the "bypass" mode).
-- No KL penalty and no entropy bonus (the paper trains without a reference model too).
+- No KL penalty and no entropy bonus here (the paper trains without a reference model too); both are optional
+  terms the learner adds (`rlsys/algos/regularizers.py`, `algo.kl_coef` / `algo.entropy_coef`, off by default).
 - The sequence log-ratio is clamped to [-20, 20] before exp (as verl does) so one diverged sequence
   gives a large finite loss instead of inf/NaN; beyond the clamp its gradient is zero.
 - Truncated importance sampling ("decoupled" mode): when ``logp_rollout`` (the engine's sampling
