@@ -13,6 +13,13 @@ with no Ray call to the rollout actor before the agent's first request. The traj
 per-session counts of prompts built from ids
 (`prompt_from_ids`) and rendered in full (`re_rendered`).
 
+The agent's client retries a request that failed before any response arrived on its connection (refused, reset,
+or closed by the server before answering: a kept-alive connection the proxy had just closed), at most
+`CONNECTION_RETRIES` times: one proxy error then costs at most that one request, not the agent's next one and
+with it the episode (issue #30). Nothing else is retried (an HTTP error status, a read timeout): the proxy may
+have sampled and recorded that turn. The openai client's own retries stay off (`max_retries=0`), as they would
+also resend after 5xx answers and timeouts.
+
 Returns are `(Trajectory, TrajectorySummary)` (Ray `num_returns=2`): the driver reads the summary and hands
 the trajectory's ObjectRef to the learner untouched.
 """
@@ -30,6 +37,8 @@ from rlsys.types import Trajectory, TrajectorySummary
 
 SESSION_HEADER = "X-Rlsys-Session"
 ATTEMPT_HEADER = "X-Rlsys-Attempt"
+CONNECTION_RETRIES = 2
+RETRY_BACKOFF_S = (0.05, 0.25)
 
 
 class EnvWorker:
@@ -55,8 +64,9 @@ class EnvWorker:
         # one HTTP connection pool per proxy; the session id travels as a per-request header
         key = (base_url, token)
         if key not in self._clients:
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
             self._clients[key] = httpx.AsyncClient(timeout=httpx.Timeout(self.agent_timeout_s), trust_env=False,
-                                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+                                                   transport=retrying_transport(limits))
         return openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0, http_client=self._clients[key],
                                   default_headers={SESSION_HEADER: session_id, ATTEMPT_HEADER: attempt})
 
@@ -131,6 +141,27 @@ class EnvWorker:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+def retrying_transport(limits: Any) -> Any:
+    """An ``httpx.AsyncHTTPTransport`` that resends a request whose connection failed before any response
+    (``CONNECTION_RETRIES`` times, after ``RETRY_BACKOFF_S``). ``handle_async_request`` returns once the
+    response head is in, so every error it raises came before the proxy answered: either the request never
+    reached the proxy, or it reached a connection the proxy had closed, which uvicorn does not read."""
+    import httpx
+
+    retried = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadError)
+
+    class RetryingTransport(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            for pause in RETRY_BACKOFF_S[:CONNECTION_RETRIES]:
+                try:
+                    return await super().handle_async_request(request)
+                except retried:
+                    await asyncio.sleep(pause)
+            return await super().handle_async_request(request)
+
+    return RetryingTransport(limits=limits)
 
 
 def _fail(traj: Trajectory, reason: str) -> None:

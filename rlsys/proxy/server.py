@@ -124,6 +124,7 @@ RENDER_CACHE_SIZE = 1024  # conversations whose prompt ids the proxy keeps (a st
 RENDER_CACHE_BYTES = 64 * 2**20  # ...and at most this many bytes of keys and ids (long agent histories are MBs)
 MAX_HEADER_BYTES = 64 * 1024  # a request head (request line + headers) over this is a 431
 READ_TIMEOUT_S = 30.0  # a request (head and body) must arrive within this of its first byte: 408 and close
+REFUSAL_LINGER_S = 1.0  # after a 408/431 the rest of the input is read and dropped this long, then the close
 
 
 # ---- Errors -------------------------------------------------------------------------------------
@@ -415,6 +416,7 @@ def create_app(
     created = int(time.time())
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.codec = codec  # for metrics and tests: its cache's size (cached_bytes) and hits
     app.add_middleware(_GuardMiddleware, api_token=api_token, max_body=max_request_bytes,
                        max_header_bytes=max_header_bytes)
 
@@ -617,6 +619,7 @@ class _RequestDeadline:
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._head_bytes = 0
+        self._refused = False
         self._deadline = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -624,6 +627,8 @@ class _RequestDeadline:
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # input after a 408/431: dropped until the close
         before = self.cycle
         reading_head = before is None or before.response_complete
         if reading_head and self._deadline is None:  # the first bytes of the next request on a kept connection
@@ -652,13 +657,19 @@ class _RequestDeadline:
         self._refuse(408, f"the request did not arrive within {self.read_timeout_s:g} s", "request_timeout")
 
     def _refuse(self, status: int, message: str, code: str) -> None:
-        """Answer with a raw JSON error and close: the request never reached (or will not finish for) the app."""
+        """Answer with a raw JSON error and end the connection: the request never reached (or will not finish
+        for) the app. The input is then read and dropped for ``REFUSAL_LINGER_S`` before the close: closing a
+        socket with unread input makes the kernel send a reset, which the client would see instead of the answer."""
         self._stop_deadline()
+        self._refused = True
         payload = json.dumps(error_body(message, code=code)).encode()
         reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                              b"connection: close\r\n\r\n%s" % (status, reason, len(payload), payload))
-        self.transport.close()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.transport.resume_reading()
+        self._deadline = self.loop.call_later(REFUSAL_LINGER_S, self.transport.close)
 
     def _stop_deadline(self) -> None:
         if self._deadline is not None:
@@ -721,7 +732,9 @@ class ProxyServer:
         config = uvicorn.Config(
             self.app, host=self.host, port=self._requested_port, lifespan="off",
             http=_guarded_protocol(self.http, self.read_timeout_s, self.max_header_bytes),
-            h11_max_incomplete_event_size=self.max_header_bytes,  # h11's own head limit, when h11 parses
+            # h11's own head limit, when h11 parses: a backstop one read (256 KiB) above ours, so that the 431
+            # comes from the check above (h11's would be uvicorn's plain-text 400 and an abrupt close)
+            h11_max_incomplete_event_size=self.max_header_bytes + 2**18,
             log_config=None,  # keep the host process's logging configuration (no dictConfig)
             access_log=False, proxy_headers=False, server_header=False,
             timeout_graceful_shutdown=self.shutdown_timeout_s, timeout_keep_alive=KEEP_ALIVE_S,

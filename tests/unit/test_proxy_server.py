@@ -60,9 +60,11 @@ class ScriptedEngine(Engine):
         self.finish_reason = finish_reason
         self.calls: list[tuple[list[int], SamplingParams]] = []
         self.fail_next = False
+        self.delay_s = 0.0  # a slow engine
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         self.calls.append((list(prompt_ids), params))
+        await asyncio.sleep(self.delay_s)
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("CUDA fell over")
