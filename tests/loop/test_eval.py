@@ -206,6 +206,14 @@ def test_in_job_eval_with_perturb_reports_every_variant(ray_local, fixed_model, 
     expected = _expected(boards)
     assert row["eval/valid_call_rate"] == pytest.approx(1.0)
     assert row["eval/legal_move_rate"] == pytest.approx(expected["legal_move_rate"])
+    # the rates by kind of board, the same function as `rlsys eval`'s (checked against the boards there)
+    from rlsys.envs.tictactoe import game
+    from rlsys.envs.tictactoe.reward import summarize_by_kind
+
+    by_kind = summarize_by_kind([{"board": b} for b in boards], [game.move_outcome(b, FIXED_SQUARE) for b in boards])
+    for key, value in by_kind.items():
+        assert row[f"eval/{key}"] == pytest.approx(value), key
     for variant in PERTURBATIONS:
         rate = row[f"eval/{variant}/valid_call_rate"]
         assert 0.0 <= row[f"eval/{variant}/legal_move_rate"] <= rate <= 1.0, variant
+        assert sum(row[f"eval/{variant}/{kind}_episodes"] for kind in game.BOARD_KINDS) == n, variant
