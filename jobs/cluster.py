@@ -430,7 +430,7 @@ class Job:
             canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every, collective_backend=backend,
             canary_follow=not cfg.learner.fp32_master,
         )
-        data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle)
+        data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle, replay_frac=cfg.data.signal_replay)
         reward_fn, _ = load_reward(cfg.env.reward_fn_path)
         labels = tuple(getattr(sys.modules[reward_fn.__module__], "OUTCOMES", ()))
         wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
@@ -460,7 +460,9 @@ class Job:
         """The step's rollout phase: `rollout.batch_size` boards from the data cursor, every sample of each at once;
         under `algo.dynamic_sampling` the groups whose rewards all agree are dropped and rounds of more boards are
         sampled until the batch holds `batch_size` groups with signal or `algo.max_sample_rounds` rounds were
-        sampled (rlsys/sampling.py). Every board sampled advances the cursor, so a resumed run goes on after them.
+        sampled (rlsys/sampling.py). Every fresh board sampled advances the cursor, so a resumed run goes on after
+        them; under `data.signal_replay` the boards whose group had signal are queued to come back sooner (the
+        queue is saved with the cursor; `rollout/boards_replayed` counts the boards drawn from it).
 
         Returns the trajectory refs to train on (the kept groups), the summaries of *every* trajectory sampled
         (the step's rollout metrics and error table describe what was sampled) and the `rollout/groups_*` counts."""
@@ -470,15 +472,19 @@ class Job:
                            enabled=a.dynamic_sampling)
         refs: list[Any] = []
         summaries: list[TrajectorySummary] = []
-        boards = self.cfg.rollout.batch_size
+        drawn: list[dict[str, Any]] = []  # group g's board is drawn[g]
+        boards, replayed = self.cfg.rollout.batch_size, self.data.replayed
         while boards:  # a round: all its boards' episodes submitted at once
-            more_refs, more = self.rollout(self.data.next_batch(boards), step, first_group=sieve.groups_seen)
+            drawn += self.data.next_batch(boards)
+            more_refs, more = self.rollout(drawn[sieve.groups_seen:], step, first_group=sieve.groups_seen)
             refs += more_refs
             summaries += more
             sieve.add(more)
             boards = sieve.next_round()
+        self.data.replay([drawn[g] for g in sieve.with_signal])  # `data.signal_replay`: drawn again sooner
         keep = sieve.kept()
         counts = sieve.metrics() if a.name != "sft" else {}  # an SFT "group" is one example: nothing to count
+        counts["rollout/boards_replayed"] = float(self.data.replayed - replayed)
         if not keep:
             print(f"rlsys: dynamic sampling: none of {sieve.groups_seen} groups sampled in {sieve.rounds} round(s) "
                   "has rewards that differ; this step's update is skipped (raise algo.max_sample_rounds or "

@@ -56,6 +56,12 @@ class DataConfig(_Section):
     """Seed of the generated datasets (the same seed gives the same files)."""
     shuffle: bool = True
     """Visit items in a seeded random order, reshuffled every epoch."""
+    signal_replay: float = Field(0.0, ge=0.0, le=0.5)
+    """Per-board curriculum: this share of each batch's boards (rounded down, so with `rollout.batch_size` 4 set it
+    to >= 0.25) is drawn first from a queue of boards whose last group had a learning signal (rewards that
+    differ), oldest first; the rest follow the seeded order. A board whose group has settled (one reward) is not
+    queued again, so what the policy has settled fades and what it still gets wrong comes back. 0 = off. The queue
+    is saved with the data cursor (rlsys/data.py)."""
 
 
 class RolloutConfig(_Section):

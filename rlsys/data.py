@@ -1,14 +1,16 @@
 """Training items: read from JSONL (every bad line named by file:line) and served in seeded epochs.
 
 `ItemStream` is the data cursor that checkpoints save: the same seed and cursor give the same batches
-after a resume, whatever happened to the process in between.
+after a resume, whatever happened to the process in between. Its optional curriculum (`data.signal_replay`)
+serves part of each batch from a queue of items whose last group still had a learning signal (queued by the
+rollout phase, saved with the cursor), so the items the policy has not settled yet come back sooner.
 """
 from __future__ import annotations
 
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +57,24 @@ def read_jsonl(path: str | Path, validate: Callable[[dict[str, Any]], None] | No
 
 @dataclass
 class ItemStream:
-    """Batches of items in a seeded order, reshuffled each epoch; `state_dict` is the resumable cursor."""
+    """Batches of items in a seeded order, reshuffled each epoch; `state_dict` is the resumable cursor.
+
+    With ``replay_frac`` > 0, ``int(replay_frac * batch_size)`` items of a batch come first from the replay queue
+    (`replay`: items whose last group had signal, oldest first, at most one entry per item), the rest from the
+    epoch order, whose cursor only they advance."""
 
     items: list[dict[str, Any]]
     seed: int = 0
     shuffle: bool = True
+    replay_frac: float = 0.0
     epoch: int = 0
     position: int = 0
+    queue: list[int] = field(default_factory=list)  # item indices to serve again, oldest first
+    replayed: int = 0  # items served from the queue by this process (a count for metrics, not saved)
+    _index: dict[int, int] = field(default_factory=dict, init=False, repr=False)  # id(item) -> its index
+
+    def __post_init__(self) -> None:
+        self._index = {id(item): i for i, item in enumerate(self.items)}
 
     def _order(self, epoch: int) -> list[int]:
         order = list(range(len(self.items)))
@@ -70,7 +83,10 @@ class ItemStream:
         return order
 
     def next_batch(self, batch_size: int) -> list[dict[str, Any]]:
-        batch = []
+        replayed = min(int(self.replay_frac * batch_size), len(self.queue))
+        batch = [self.items[i] for i in self.queue[:replayed]]
+        del self.queue[:replayed]
+        self.replayed += replayed
         order = self._order(self.epoch)
         while len(batch) < batch_size:
             if self.position >= len(order):
@@ -80,12 +96,23 @@ class ItemStream:
             self.position += 1
         return batch
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "num_items": len(self.items)}
+    def replay(self, items: list[dict[str, Any]]) -> None:
+        """Queue these items (objects this stream served) to be served again; no-op unless ``replay_frac`` > 0."""
+        if self.replay_frac <= 0:
+            return
+        for item in items:
+            i = self._index[id(item)]
+            if i not in self.queue:
+                self.queue.append(i)
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "num_items": len(self.items),
+                "replay_queue": list(self.queue)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("num_items") != len(self.items):
             raise DatasetError(
                 f"data cursor was saved for {state.get('num_items')} items, the dataset has {len(self.items)}"
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.queue = [int(i) for i in state.get("replay_queue", [])]  # absent in checkpoints before the queue

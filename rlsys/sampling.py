@@ -78,6 +78,7 @@ class GroupSieve:
     rounds: int = 0
     groups_seen: int = 0  # groups sampled so far; the next round's group ids start here
     zero_var: int = 0  # sampled groups without signal
+    with_signal: list[int] = field(default_factory=list)  # group ids with signal, in sampling order
     _kept: list[int] = field(default_factory=list)  # group ids kept, in sampling order (may exceed `want`)
 
     def add(self, summaries: Iterable[_Summary]) -> None:
@@ -86,6 +87,7 @@ class GroupSieve:
         self.rounds += 1
         self.groups_seen += len(signal)
         self.zero_var += sum(not s for s in signal.values())
+        self.with_signal += [g for g, s in signal.items() if s]
         self._kept += [g for g, s in signal.items() if s or not self.enabled]
 
     def next_round(self) -> int:

@@ -1,6 +1,7 @@
 """Dynamic sampling in the real loop (local Ray, tiny model): groups without signal are dropped and topped up,
-counted every step, the data cursor counts every board sampled and a resumed run continues after them; a reward
-that never differs ends each step at the cap with the update skipped, not a crash."""
+counted every step, the data cursor counts every fresh board sampled and a resumed run continues after them, the
+curriculum's queue (`data.signal_replay`) holds only boards with signal; a reward that never differs ends each step
+at the cap with the update skipped, not a crash."""
 from __future__ import annotations
 
 import pytest
@@ -13,21 +14,29 @@ GROUP_METRICS = ["rollout/groups_sampled", "rollout/groups_kept", "rollout/group
                  "rollout/zero_var_group_frac", "rollout/sample_rounds"]
 
 
-def _cursor(run_dir, step: int) -> int:
+def _state(run_dir, step: int) -> dict:
     from rlsys.checkpoint import read_trainer_state
 
-    state = read_trainer_state(run_dir / "checkpoints" / f"step_{step:06d}")["data"]
+    return read_trainer_state(run_dir / "checkpoints" / f"step_{step:06d}")["data"]
+
+
+def _cursor(run_dir, step: int) -> int:
+    state = _state(run_dir, step)
     return state["epoch"] * state["num_items"] + state["position"]
 
 
 def test_dynamic_sampling_keeps_only_groups_with_signal_and_the_cursor_resumes_after_the_top_ups(
         ray_local, tmp_path, capsys):
+    from jobs.cluster import load_items
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
+    from rlsys.plugins import load_function
 
-    dyn = ["algo.dynamic_sampling=true", "algo.max_sample_rounds=3", "algo.max_oversample=2"]
+    settled = load_function(f"{PLUGINS / 'settled_reward.py'}:settled", "reward", "test helper")
+    dyn = ["algo.dynamic_sampling=true", "algo.max_sample_rounds=3", "algo.max_oversample=2", "data.signal_replay=0.5"]
     plugins = {"agent_fn": str(PLUGINS / "recording_agent.py"), "reward_fn_path": str(PLUGINS / "settled_reward.py")}
-    run_dir = run_training(job_config(tmp_path, *dyn, max_steps="2", **plugins))
+    cfg = job_config(tmp_path, *dyn, max_steps="2", **plugins)
+    run_dir = run_training(cfg)
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:
@@ -37,19 +46,23 @@ def test_dynamic_sampling_keeps_only_groups_with_signal_and_the_cursor_resumes_a
         assert r["adv/zero_var_group_frac"] == 0.0, r
         # the rollout metrics describe every trajectory sampled, the dropped groups included
         assert r["rollout/num_trajectories"] == 4 * r["rollout/groups_sampled"]
-    # the data's order (seed 0) puts a settled board in step 1's first round: dropped, then topped up
-    assert any(r["rollout/zero_var_group_frac"] > 0 and r["rollout/sample_rounds"] > 1 for r in rows), rows
     assert all(r["rollout/groups_kept"] == 2 for r in rows), "a top-up round did not fill the batch"
     out = capsys.readouterr().out
     assert "groups " in out and " rnd)" in out, "the progress line lacks the group counts"
-    sampled = [int(r["rollout/groups_sampled"]) for r in rows]
-    assert _cursor(run_dir, 2) == sum(sampled), "the cursor did not advance by every board sampled"
+    fresh = sum(int(r["rollout/groups_sampled"] - r["rollout/boards_replayed"]) for r in rows)
+    assert sum(r["rollout/boards_replayed"] for r in rows) >= 1, "step 1 replays a board of step 0"
+    assert _cursor(run_dir, 2) == fresh, "the cursor did not advance by every fresh board sampled"
+    queue = _state(run_dir, 2)["replay_queue"]
+    boards = [item["board"] for item in load_items(cfg)]
+    assert queue and not any(settled(boards[i]) for i in queue), "a settled board (no signal) was queued"
 
     # resume: the third step starts from the saved cursor, not from the start of the data
     run_training(job_config(tmp_path, *dyn, "checkpoint.resume=auto", max_steps="3", **plugins))
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert _cursor(run_dir, 3) == sum(sampled) + int(rows[2]["rollout/groups_sampled"])
+    assert _cursor(run_dir, 3) == fresh + int(rows[2]["rollout/groups_sampled"] - rows[2]["rollout/boards_replayed"])
+    # the data's order (seed 0) puts a settled board in a first round by step 2: dropped, then topped up
+    assert any(r["rollout/zero_var_group_frac"] > 0 and r["rollout/sample_rounds"] > 1 for r in rows), rows
 
 
 def test_a_reward_that_never_differs_ends_at_the_cap_and_skips_the_update(ray_local, tmp_path, capsys):

@@ -58,6 +58,7 @@ def test_sieve_drops_every_zero_variance_group_and_keeps_every_group_with_signal
     assert sieve.next_round() == 12  # 3 missing at a keep rate of 1/4
     sieve.add(groups(*[[0, 1] if g % 2 else [1, 1] for g in range(12)], first=sieve.groups_seen))
     assert sieve.kept() == {1, 5, 7, 9}  # the first 3 of the 6 with signal: 5, 7, 9; then 11, 13, 15 are surplus
+    assert sieve.with_signal == [1, 5, 7, 9, 11, 13, 15]  # the surplus too (`data.signal_replay` queues them)
     assert sieve.next_round() == 0
     assert sieve.metrics() == {"rollout/groups_sampled": 16.0, "rollout/groups_kept": 4.0,
                                "rollout/groups_surplus": 3.0, "rollout/zero_var_group_frac": 9 / 16,
@@ -97,6 +98,7 @@ def test_disabled_keeps_every_group_in_one_round_and_still_counts_zero_variance(
     sieve = GroupSieve(want=3, max_rounds=5, enabled=False)
     sieve.add(groups([1, 1], [0, 1], [0, 0]))
     assert sieve.next_round() == 0 and sieve.kept() == {0, 1, 2}
+    assert sieve.with_signal == [1]
     assert sieve.metrics()["rollout/zero_var_group_frac"] == pytest.approx(2 / 3)
     assert sieve.metrics()["rollout/groups_kept"] == 3.0
 
