@@ -499,3 +499,80 @@ def test_num_threads_applies_to_the_worker_thread(model_path):
     assert one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0].token_ids
     with pytest.raises(ValueError, match="num_threads"):
         TransformersEngine(str(model_path), num_threads=0)
+
+
+# ---- OpenAI's sampling options: penalties, logit bias, stop strings, tiny temperatures (issue #30) -----------
+
+
+@torch.no_grad()
+def reference_adjusted_greedy(model, prompt, max_new_tokens, frequency=0.0, presence=0.0, bias=()):
+    """Argmax of the logits less OpenAI's penalties (over generated tokens) plus the bias; raw logprobs."""
+    ids, tokens, logprobs = list(prompt), [], []
+    counts = torch.zeros(model.config.vocab_size)
+    for _ in range(max_new_tokens):
+        logits = model(torch.tensor([ids])).logits[0, -1]  # (V,)
+        adjusted = logits - frequency * counts - presence * (counts > 0).float()
+        for tok, b in bias:
+            adjusted[tok] += b
+        tok = int(torch.argmax(adjusted))
+        tokens.append(tok)
+        logprobs.append(float(torch.log_softmax(logits, -1)[tok]))
+        ids.append(tok)
+        counts[tok] += 1
+        if tok == EOS:
+            break
+    return tokens, logprobs
+
+
+def test_penalties_and_logit_bias_match_the_reference_per_row(engine, ref_model):
+    plain = GREEDY
+    penalised = SamplingParams(max_new_tokens=12, temperature=0.0, frequency_penalty=-2.0, presence_penalty=0.5)
+    forced = SamplingParams(max_new_tokens=12, temperature=0.0, logit_bias=((EOS, -100.0), (42, 100.0)))
+    prompt = PROMPTS[0]
+    outs = asyncio.run(_generate_all(engine, [(prompt, plain), (prompt, penalised), (prompt, forced)]))
+    base, _, _ = reference_greedy(ref_model, prompt, 12)
+    assert outs[0].token_ids == base
+    tokens, logprobs = reference_adjusted_greedy(ref_model, prompt, 12, frequency=-2.0, presence=0.5)
+    assert outs[1].token_ids == tokens and outs[1].logprobs == pytest.approx(logprobs, abs=1e-5)
+    assert tokens != base, "the penalties should change this prompt's greedy tokens"
+    assert outs[2].token_ids == [42] * 12, "a +100 bias makes the token certain, -100 on eos keeps it going"
+
+
+async def _generate_all(engine, requests):
+    return await asyncio.gather(*(engine.generate(p, params) for p, params in requests))
+
+
+def test_a_tiny_positive_temperature_samples_greedily(engine, ref_model):
+    outs = asyncio.run(_generate_all(engine, [(PROMPTS[4], SamplingParams(max_new_tokens=10, temperature=t, seed=1))
+                                              for t in (1e-38, 1e-6)]))
+    tokens, logprobs, _ = reference_greedy(ref_model, PROMPTS[4], 10)
+    for out in outs:
+        assert out.token_ids == tokens and out.logprobs == pytest.approx(logprobs, abs=1e-5)
+
+
+def test_stop_strings_end_with_the_token_that_completes_them():
+    from transformers import AutoTokenizer
+
+    from rlsys.models.tiny import ensure_tiny_model
+
+    path = str(ensure_tiny_model())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    engine = TransformersEngine(path, batch_wait_s=0.02)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Your move."}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)
+    free = SamplingParams(max_new_tokens=20, temperature=0.0)
+    try:
+        (unstopped,) = asyncio.run(_generate_all(engine, [(prompt, free)]))
+        ids = unstopped.token_ids
+        stop = tokenizer.decode(ids[:12])[len(tokenizer.decode(ids[:6])):][:3]  # starts within the 7th token
+        assert stop
+        stopped, other = asyncio.run(_generate_all(engine, [
+            (prompt, SamplingParams(max_new_tokens=20, temperature=0.0, stop=(stop, "never appears"))),
+            (prompt, free)]))  # a neighbour in the batch without stop strings runs on
+    finally:
+        asyncio.run(engine.shutdown())
+    got = stopped.token_ids
+    assert got == ids[:len(got)] and len(got) < len(ids) and stopped.finish_reason == "stop"
+    assert stop in tokenizer.decode(got) and stop not in tokenizer.decode(got[:-1])
+    assert stopped.logprobs == pytest.approx(unstopped.logprobs[:len(got)], abs=1e-5)
+    assert other.token_ids == ids
