@@ -46,7 +46,8 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
     try:
         if cfg.eval.at_start and job.start_step == 0:
             evaluate(job, logger, 0, "start")
-        for step in range(job.start_step, cfg.max_steps):
+        last = job.start_step  # the step count when training stops: `max_steps`, or less in a time box
+        for step in training_steps(job.start_step, cfg.max_steps, startup.t0, cfg.max_train_minutes):
             t0 = time.perf_counter()
             with timer("rollout"):  # batch_size boards; filtered and topped up under algo.dynamic_sampling
                 traj_refs, summaries, groups = job.rollout_until_full(step)
@@ -73,11 +74,12 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
                 print(f"rlsys: stopped by {stop.requested} after step {step + 1}; resume with --resume auto")
                 return run_dir
             job.maybe_checkpoint(step + 1)
+            last = step + 1
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.max_steps:
                 evaluate(job, logger, step + 1, f"step{step + 1}")
         if cfg.eval.at_end:
-            evaluate(job, logger, cfg.max_steps, "end")
-        job.checkpoint(cfg.max_steps, final=True)
+            evaluate(job, logger, last, "end")
+        job.checkpoint(last, final=True)
     finally:
         stop.restore()
         logger.close()
@@ -85,6 +87,17 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
         if ray.is_initialized() and job.owns_ray:
             ray.shutdown()
     return run_dir
+
+
+def training_steps(start: int, max_steps: int, started_at: float, max_minutes: float | None):
+    """Step indices from ``start`` to ``max_steps``; with ``max_minutes`` (`max_train_minutes`), none starts once
+    that many minutes have passed since ``started_at`` (time.time()), and the stop is said in one line."""
+    for step in range(start, max_steps):
+        if max_minutes is not None and time.time() - started_at >= max_minutes * 60:
+            print(f"rlsys: max_train_minutes={max_minutes:g} reached before step {step}: training stops",
+                  flush=True)
+            return
+        yield step
 
 
 _IMPORTED_AT = time.time()

@@ -323,6 +323,9 @@ class CheckpointConfig(_Section):
 class Config(_Section):
     max_steps: int = Field(20, ge=1)
     """Training steps (one rollout batch and `algo.n_minibatches` optimizer steps each)."""
+    max_train_minutes: float | None = Field(None, gt=0)
+    """A time box: no step starts once this many minutes have passed since the process started (start-up and
+    evaluations included); the job then evaluates at the end and checkpoints as after `max_steps`. Unset: none."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     run_dir: str = ""
