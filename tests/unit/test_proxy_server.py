@@ -563,7 +563,7 @@ def requests(noisy: bool):
         "name": st.sampled_from(["choose_square", "other", ""]),
         "arguments": st.sampled_from(['{"square": 5}', "{}", '{"a": [1, {"b": null}]}'] + ["[1]", "{bad"] * noisy)})})
     message = st.one_of(
-        obj({"role": st.sampled_from(["system", "user"]), "content": st.one_of(adversarial_text, parts)}),
+        obj({"role": st.sampled_from(["system", "developer", "user"]), "content": st.one_of(adversarial_text, parts)}),
         obj({"role": st.just("assistant"), "content": st.one_of(st.none(), adversarial_text)},
             {"tool_calls": st.lists(call, min_size=1, max_size=2)}),
         obj({"role": st.just("tool"), "tool_call_id": st.text(max_size=8), "content": adversarial_text}),
@@ -578,7 +578,16 @@ def requests(noisy: bool):
         "temperature": st.floats(-noisy, 2 + noisy), "top_p": st.floats(0.01 - noisy, 1 + noisy),
         "seed": st.integers() if noisy else st.integers(-(2**63), 2**63 - 1), "logprobs": st.booleans(),
         "n": st.integers(0, 3) if noisy else st.just(1), "stream": st.booleans() if noisy else st.just(False),
-        "stop": st.text(max_size=3) if noisy else st.sampled_from([None, "", []]), "top_logprobs": st.integers(-1, 25) if noisy else st.just(0),
+        "stop": st.one_of(st.text(max_size=3), st.lists(st.text(max_size=4), max_size=5)) if noisy
+        else st.sampled_from([None, "", [], "\n", ["END", "</tool_call>"]]),
+        "top_logprobs": st.integers(-1, 25) if noisy else st.just(0),
+        "frequency_penalty": st.floats(-2 - noisy, 2 + noisy), "presence_penalty": st.floats(-2 - noisy, 2 + noisy),
+        "logit_bias": st.dictionaries(st.sampled_from(["5", "1023"] + ["1024", "x", "-1"] * noisy),
+                                      st.floats(-100 - noisy, 100 + noisy), max_size=3),
+        "user": st.text(max_size=8), "store": st.booleans(),
+        "metadata": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
+        "response_format": st.sampled_from([{"type": "text"}] + [{"type": "json_object"}] * noisy),
+        "parallel_tool_calls": st.booleans() if noisy else st.just(True),
     })
 
 
