@@ -25,7 +25,7 @@ from rlsys.metrics import rollout_metrics
 from rlsys.data import DatasetError, ItemStream, read_jsonl
 from rlsys.models.resolve import resolve_model
 from rlsys.plugins import load_agent, load_reward
-from rlsys.sampling import GroupSieve
+from rlsys.sampling import GroupSieve, next_signal_rate
 from rlsys.types import Trajectory, TrajectorySummary
 
 
@@ -458,8 +458,9 @@ class Job:
     # --- phases ----------------------------------------------------------------------------
     def rollout_until_full(self, step: int) -> tuple[list[Any], list[TrajectorySummary], dict[str, float]]:
         """The step's rollout phase: `rollout.batch_size` boards from the data cursor, every sample of each at once;
-        under `algo.dynamic_sampling` the groups whose rewards all agree are dropped and rounds of more boards are
-        sampled until the batch holds `batch_size` groups with signal or `algo.max_sample_rounds` rounds were
+        under `algo.dynamic_sampling` as many more as the recent share of groups with signal calls for
+        (`data.signal_rate`, at most `algo.max_oversample` per group), the groups whose rewards all agree are dropped
+        and rounds of more boards are sampled until the batch holds `batch_size` groups with signal or `algo.max_sample_rounds` rounds were
         sampled (rlsys/sampling.py). Every fresh board sampled advances the cursor, so a resumed run goes on after
         them; under `data.signal_replay` the boards whose group had signal are queued to come back sooner (the
         queue is saved with the cursor; `rollout/boards_replayed` counts the boards drawn from it).
@@ -473,7 +474,7 @@ class Job:
         refs: list[Any] = []
         summaries: list[TrajectorySummary] = []
         drawn: list[dict[str, Any]] = []  # group g's board is drawn[g]
-        boards, replayed = self.cfg.rollout.batch_size, self.data.replayed
+        boards, replayed = sieve.first_round(self.data.signal_rate), self.data.replayed
         while boards:  # a round: all its boards' episodes submitted at once
             drawn += self.data.next_batch(boards)
             more_refs, more = self.rollout(drawn[sieve.groups_seen:], step, first_group=sieve.groups_seen)
@@ -482,9 +483,12 @@ class Job:
             sieve.add(more)
             boards = sieve.next_round()
         self.data.replay([drawn[g] for g in sieve.with_signal])  # `data.signal_replay`: drawn again sooner
+        self.data.signal_rate = next_signal_rate(self.data.signal_rate, sieve.signal_share())
         keep = sieve.kept()
         counts = sieve.metrics() if a.name != "sft" else {}  # an SFT "group" is one example: nothing to count
         counts["rollout/boards_replayed"] = float(self.data.replayed - replayed)
+        if a.dynamic_sampling:
+            counts["rollout/signal_rate"] = self.data.signal_rate  # sizes the next step's first round
         if not keep:
             print(f"rlsys: dynamic sampling: none of {sieve.groups_seen} groups sampled in {sieve.rounds} round(s) "
                   "has rewards that differ; this step's update is skipped (raise algo.max_sample_rounds or "

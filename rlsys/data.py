@@ -71,6 +71,9 @@ class ItemStream:
     position: int = 0
     queue: list[int] = field(default_factory=list)  # item indices to serve again, oldest first
     replayed: int = 0  # items served from the queue by this process (a count for metrics, not saved)
+    # share of recent groups with signal (rlsys.sampling.next_signal_rate): how many boards dynamic sampling draws
+    # first; saved with the cursor so that a resumed run draws as the uninterrupted one would
+    signal_rate: float = 1.0
     _index: dict[int, int] = field(default_factory=dict, init=False, repr=False)  # id(item) -> its index
 
     def __post_init__(self) -> None:
@@ -107,7 +110,7 @@ class ItemStream:
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "num_items": len(self.items),
-                "replay_queue": list(self.queue)}
+                "replay_queue": list(self.queue), "signal_rate": self.signal_rate}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("num_items") != len(self.items):
@@ -116,3 +119,4 @@ class ItemStream:
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self.queue = [int(i) for i in state.get("replay_queue", [])]  # absent in checkpoints before the queue
+        self.signal_rate = float(state.get("signal_rate", 1.0))  # likewise before dynamic sampling's rate

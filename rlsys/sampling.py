@@ -13,9 +13,10 @@ holds `rollout.batch_size` groups with signal or `algo.max_sample_rounds` rounds
         boards = sieve.next_round()                 # 0: full, or the cap was hit
     train on the groups in sieve.kept()             # at most batch_size; the surplus is dropped, counted
 
-A top-up round is sized by the shortfall and the keep rate seen so far this step (boards = missing groups / keep
-rate), at most `algo.max_oversample` boards per missing group, so a step of mostly settled boards needs one extra
-round, not one round trip per group.
+The first round is sized by the share of groups with signal in recent steps (`next_signal_rate`: boards = batch_size /
+share), a top-up round by the shortfall and the keep rate seen so far this step (boards = missing groups / keep
+rate), each at most `algo.max_oversample` boards per group, so a step of mostly settled boards usually fills in
+its first round, and otherwise needs one extra round, not one round trip per group.
 
 "Valid" is the learner's own definition, so that a kept group has signal in the advantage code too: not failed, a
 non-empty response, and (under `algo.mask_truncated`) no turn cut at `max_new_tokens`. A group with fewer than two
@@ -90,6 +91,14 @@ class GroupSieve:
         self.with_signal += [g for g, s in signal.items() if s]
         self._kept += [g for g, s in signal.items() if s or not self.enabled]
 
+    def first_round(self, signal_rate: float = 1.0) -> int:
+        """Boards for the step's first round: ``want`` groups at ``signal_rate``, the share of groups with signal in
+        recent steps (`next_signal_rate`), at most ``max_oversample`` boards per group; ``want`` with filtering off. Sized
+        up front, a step whose boards mostly settled fills in one round instead of waiting for a top-up."""
+        if not self.enabled:
+            return self.want
+        return top_up_boards(self.want, signal_rate, 1.0, self.max_oversample)
+
     def next_round(self) -> int:
         """Boards to sample in the next round; 0 when the batch is full, the cap was hit or filtering is off."""
         if not self.enabled or self.rounds >= self.max_rounds:
@@ -100,6 +109,10 @@ class GroupSieve:
         """The group ids to train on: the first ``want`` kept, in sampling order."""
         return set(self._kept[: self.want])
 
+    def signal_share(self) -> float | None:
+        """This step's share of sampled groups with signal (None before any round)."""
+        return len(self.with_signal) / self.groups_seen if self.groups_seen else None
+
     def metrics(self) -> dict[str, float]:
         """`rollout/groups_sampled`, `rollout/groups_kept` (what the learner gets), `rollout/groups_surplus` (had
         signal, dropped beyond `batch_size`), `rollout/zero_var_group_frac` (of the sampled groups, before the
@@ -109,3 +122,12 @@ class GroupSieve:
                 "rollout/groups_surplus": float(len(self._kept) - kept),
                 "rollout/zero_var_group_frac": self.zero_var / self.groups_seen if self.groups_seen else 0.0,
                 "rollout/sample_rounds": float(self.rounds)}
+
+
+
+def next_signal_rate(rate: float, share: float | None, alpha: float = 0.3) -> float:
+    """The share of groups with signal over recent steps, an exponential moving average with weight ``alpha`` on
+    this step's ``share`` (None: no round sampled, unchanged). It sizes the next step's first round
+    (`GroupSieve.first_round`) and is saved with the data cursor (`ItemStream.signal_rate`), so a resumed run draws
+    as many boards as the uninterrupted one would."""
+    return rate if share is None else (1 - alpha) * rate + alpha * share

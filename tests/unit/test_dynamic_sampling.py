@@ -136,3 +136,33 @@ def test_console_line_shows_the_group_counts():
                                 "rollout/zero_var_group_frac": 0.75, "rollout/sample_rounds": 2.0})
     assert "groups 4/12 (zero-var 0.75, 2 rnd)" in line
     assert "groups" not in console_line(0, 10, {})
+
+
+def test_the_first_round_is_sized_by_the_recent_signal_rate_within_the_cap():
+    from rlsys.sampling import next_signal_rate
+
+    sieve = GroupSieve(want=4, max_rounds=3, max_oversample=8.0)
+    assert sieve.first_round() == 4  # no history: the batch size
+    assert sieve.first_round(0.5) == 8
+    assert sieve.first_round(0.04) == 32  # 100 boards for 4 groups at 4%, capped at 8 per group
+    assert GroupSieve(want=4, enabled=False).first_round(0.04) == 4  # filtering off: one plain round
+    rate = 1.0
+    for share in [0.5, 0.5, None, 0.0]:
+        rate = next_signal_rate(rate, share)
+    assert rate == pytest.approx(((1.0 * 0.7 + 0.15) * 0.7 + 0.15) * 0.7)  # None leaves it unchanged
+
+
+def test_the_signal_rate_is_saved_with_the_cursor():
+    from rlsys.data import ItemStream
+
+    items = [{"id": i} for i in range(10)]
+    stream = ItemStream(items, seed=1)
+    stream.next_batch(3)
+    stream.signal_rate = 0.125
+    again = ItemStream(items, seed=1)
+    again.load_state_dict(stream.state_dict())
+    assert again.signal_rate == 0.125 and again.next_batch(2) == stream.next_batch(2)
+    state = stream.state_dict()
+    del state["signal_rate"]  # a checkpoint from before the rate: starts from 1.0
+    again.load_state_dict(state)
+    assert again.signal_rate == 1.0
