@@ -24,6 +24,15 @@ from torch.autograd.function import once_differentiable
 _CHUNK_BYTES = 1 << 28  # ~256 MiB of float32 working set per chunk
 
 
+def _scaled_chunks(logits: torch.Tensor, chunk_rows: int, dtype: torch.dtype, temperature: float):
+    """(start, end, x) over chunks of the rows of logits (R, V): x = logits[start:end] / temperature in ``dtype``,
+    (r, V). x may alias logits (no cast, temperature 1): callers make no in-place ops on it."""
+    for start in range(0, logits.shape[0], chunk_rows):
+        end = min(start + chunk_rows, logits.shape[0])
+        x = logits[start:end].to(dtype)
+        yield start, end, (x / temperature if temperature != 1.0 else x)
+
+
 class _TargetLogprob(torch.autograd.Function):
     """log_softmax(x / temperature)[target] row by row; x (R, V), target (R,) -> (R,)."""
 
@@ -33,11 +42,7 @@ class _TargetLogprob(torch.autograd.Function):
         rows = logits.shape[0]
         out = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
         lse = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
-        for start in range(0, rows, chunk_rows):
-            end = min(start + chunk_rows, rows)
-            x = logits[start:end].to(compute_dtype)  # (r, V); may alias logits: no in-place ops
-            if temperature != 1.0:
-                x = x / temperature
+        for start, end, x in _scaled_chunks(logits, chunk_rows, compute_dtype, temperature):  # x (r, V)
             chunk_lse = torch.logsumexp(x, dim=-1)  # (r,)
             out[start:end] = x.gather(1, target_ids[start:end, None]).squeeze(1) - chunk_lse
             lse[start:end] = chunk_lse
@@ -52,11 +57,7 @@ class _TargetLogprob(torch.autograd.Function):
         logits, target_ids, lse = ctx.saved_tensors
         temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
         grad = torch.empty_like(logits)  # (R, V) in the logits' dtype
-        for start in range(0, logits.shape[0], chunk_rows):
-            end = min(start + chunk_rows, logits.shape[0])
-            x = logits[start:end].to(lse.dtype)
-            if temperature != 1.0:
-                x = x / temperature
+        for start, end, x in _scaled_chunks(logits, chunk_rows, lse.dtype, temperature):  # x (r, V)
             # d/dx_v log p(target) = (1[v == target] - softmax(x)_v) / temperature
             g = (grad_out[start:end].to(lse.dtype) / temperature)[:, None]  # (r, 1)
             chunk_grad = torch.exp(x - lse[start:end, None])  # (r, V), a fresh tensor
@@ -105,11 +106,7 @@ class _TokenEntropy(torch.autograd.Function):
         rows = logits.shape[0]
         out = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
         lse = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
-        for start in range(0, rows, chunk_rows):
-            end = min(start + chunk_rows, rows)
-            x = logits[start:end].to(compute_dtype)  # (r, V); may alias logits: no in-place ops
-            if temperature != 1.0:
-                x = x / temperature
+        for start, end, x in _scaled_chunks(logits, chunk_rows, compute_dtype, temperature):  # x (r, V)
             chunk_lse = torch.logsumexp(x, dim=-1)  # (r,)
             p = torch.exp(x - chunk_lse[:, None])  # (r, V)
             out[start:end] = chunk_lse - (p * x).sum(-1)  # H = lse - sum_v p_v x_v
@@ -125,11 +122,7 @@ class _TokenEntropy(torch.autograd.Function):
         logits, lse, entropy = ctx.saved_tensors
         temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
         grad = torch.empty_like(logits)  # (R, V) in the logits' dtype
-        for start in range(0, logits.shape[0], chunk_rows):
-            end = min(start + chunk_rows, logits.shape[0])
-            x = logits[start:end].to(lse.dtype)
-            if temperature != 1.0:
-                x = x / temperature
+        for start, end, x in _scaled_chunks(logits, chunk_rows, lse.dtype, temperature):  # x (r, V)
             # d/dx_v H = -p_v (log p_v + H) / temperature
             log_p = x - lse[start:end, None]  # (r, V), a fresh tensor
             chunk_grad = torch.exp(log_p) * (log_p + entropy[start:end, None])
