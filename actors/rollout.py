@@ -62,13 +62,21 @@ def build_engine(cfg: Config, model_path: str, process_context: Any = None):
 
 def engine_memory_fraction(cfg: Config, model_path: str) -> float:
     """vLLM's `gpu_memory_utilization`: with `rollout.gpu_memory_budget_gib`, the engine's share of the job's
-    budget (`rlsys.memory.budget_split`, the same split the learner caps itself with); unset, a third of the GPU."""
+    budget (`rlsys.memory.budget_split`, the same split the learner caps itself with); unset, a third of the GPU,
+    or with a fixed KV cache (`rollout.kv_cache_gib`) what the engine will hold if that is less. vLLM then sizes
+    nothing by it, but refuses to start unless that much is free: a third of the GPU often is not when several
+    jobs share it (each takes ~10 GiB with a 0.5B model)."""
     from rlsys.engines.vllm_engine import device_total_bytes, memory_fraction
-    from rlsys.memory import budget_split
+    from rlsys.memory import budget_split, fixed_kv_engine_bytes
 
     total = device_total_bytes()
     split = budget_split(cfg, model_path)
-    fraction = memory_fraction(None, total) if split is None else split.engine_fraction(total)
+    if split is not None:
+        fraction = split.engine_fraction(total)
+    else:
+        fraction = memory_fraction(None, total)
+        if cfg.rollout.kv_cache_gib is not None:
+            fraction = min(fraction, fixed_kv_engine_bytes(cfg, model_path) / total)
     print(f"rlsys: vLLM gpu_memory_utilization {fraction:.4f} ({fraction * total / 2**30:.2f} GiB of "
           f"{total / 2**30:.1f} GiB)", flush=True)
     return fraction

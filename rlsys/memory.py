@@ -349,6 +349,15 @@ def budget_split(cfg: Any, model_path: str | os.PathLike) -> BudgetSplit | None:
     return job_estimate(cfg, model_path).split()
 
 
+def fixed_kv_engine_bytes(cfg: Any, model_path: str | os.PathLike) -> int:
+    """What vLLM holds under `rollout.kv_cache_gib` (and no budget): the estimate's weights, activations and CUDA
+    graphs plus that KV cache, its CUDA context left out as in a budget's engine share (actors/rollout.py)."""
+    engine = dict(job_estimate(cfg, model_path).engine)
+    engine["KV cache"] = int(cfg.rollout.kv_cache_gib * GIB)
+    engine.pop("CUDA context", None)
+    return sum(engine.values())
+
+
 def _nvml_memory_info():
     """NVML's memory info (total, used, free) of the first visible GPU, or None (no NVML, no GPU). Makes no CUDA
     context, so a driver can read it before Ray or vLLM start."""

@@ -243,6 +243,15 @@ def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tm
         (split.engine_bytes - CONTEXT_BYTES) / (140 * GIB))
     cfg.rollout.gpu_memory_budget_gib = None
     assert engine_memory_fraction(cfg, str(qwen15b_folder)) == pytest.approx(1 / 3)
+    # a fixed KV cache and no budget: what the engine holds (weights, activations, that cache), not a third
+    cfg.rollout.kv_cache_gib = 3.0
+    from rlsys.memory import job_estimate
+
+    engine = job_estimate(cfg, qwen15b_folder).engine
+    held = engine["weights"] + engine["activations"] + engine["CUDA graphs"] + 3 * GIB
+    assert engine_memory_fraction(cfg, str(qwen15b_folder)) == pytest.approx(held / (140 * GIB))
+    assert held < 140 * GIB / 3
+    cfg.rollout.kv_cache_gib = None
 
     # the train-phase probe: device use at the peak = use at the start - reserved then + peak reserved
     import rlsys.memory as memory
