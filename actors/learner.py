@@ -13,7 +13,7 @@ gradient accumulation. Departures worth knowing:
   (`rlsys/prefix.py`); rows are ordered by prompt before they are cut into micro-batches. Same logprobs, same
   gradients; `train/prefix_saved_frac` is the share of input tokens it did not run.
 - `train/logp_diff_mean` compares the engine's sampling logprobs with the learner's recomputation on the
-  first micro-batch before any update: the stale-weights alarm of DESIGN.md.
+  first micro-batch before any update: the stale-weights alarm (docs/gpu.md, "Canary").
 - `train/entropy` is the policy's mean token entropy over the sampled tokens the learner ran forward (from the
   same logits, chunked; `rlsys.algos.token_entropy`): the sequences with an advantage, or the first micro-batch
   on a step without any. `algo.entropy_coef` (a bonus) and `algo.kl_coef` (k3 KL to a frozen reference, logged

@@ -1,6 +1,6 @@
 """The job's Ray side: start (or join) Ray, place the actors, and the phase calls the driver loop makes.
 
-Placement (DESIGN.md): with GPUs, one placement group with a `{"GPU": 1, "CPU": k}` bundle per GPU and the
+Placement: with GPUs, one placement group with a `{"GPU": 1, "CPU": k}` bundle per GPU and the
 rollout actor and learner sharing it with fractional `num_gpus`; without GPUs the same actors with
 `num_gpus=0`. Actors are named (`rollout-0`, `learner-0`, `env-<i>`) in a per-job namespace, so the
 dashboard's Actors page and `ray list actors` show what is what.
@@ -162,7 +162,7 @@ def load_eval_items(cfg: Config) -> list[dict[str, Any]]:
 
 class RayGauges:
     """`ray.util.metrics` gauges (exported for Prometheus; graphs need Prometheus + Grafana, see
-    TRAPS.md), tagged with the job's namespace."""
+    docs/gpu.md, "What rlsys relies on"), tagged with the job's namespace."""
 
     EXPORTED = {"step": "rlsys_step", "rollout/rewards_mean": "rlsys_reward_mean",
                 "perf/tokens_per_s": "rlsys_tokens_per_s", "time/sync": "rlsys_refit_seconds",
@@ -443,7 +443,7 @@ class Job:
             ray.get([rank.load_state.remote(str(resume_from)) for rank in learners])
             data.load_state_dict(trainer_state["data"])
             job.start_step = int(trainer_state["step"])
-            job.weights.push()  # DESIGN: after a resume, weights reach the engine before the first rollout
+            job.weights.push()  # after a resume, the weights reach the engine before the first rollout
             job.engines.wake()
             print(f"rlsys: resumed from {resume_from} at step {job.start_step}", flush=True)
         job.weights.check_canary()  # engine and learner start from the same weights

@@ -1,6 +1,6 @@
 """The training driver: `python -m jobs.train --config FILE` (what `ray job submit` runs) or `rlsys train`.
 
-The loop reads like the algorithm (DESIGN.md): rollout, sleep, train, push weights, wake, log. Everything
+The loop reads like the algorithm: rollout, sleep, train, push weights, wake, log. Everything
 else lives in functions below it or in jobs/cluster.py. The driver passes ObjectRefs and never pulls
 trajectories into its own process: it sees per-trajectory summaries (scalars) only.
 """
@@ -38,7 +38,7 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
     run_dir = prepare_run_dir(cfg)
     job = Job.start(cfg, checked, marks)
     startup = StartupClock(job)
-    stop = StopRequest()  # after ray.init, which replaces the SIGTERM handler (TRAPS.md)
+    stop = StopRequest()  # after ray.init, which replaces the SIGTERM handler (docs/gpu.md, "What rlsys relies on")
     logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None, start_step=job.start_step,
                            sinks=[RayGauges(job.namespace)])
     timer = Timer()

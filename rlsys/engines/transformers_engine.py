@@ -28,8 +28,8 @@ Logprobs are those of the raw distribution (log_softmax at temperature 1, no top
 token: the quantity the learner recomputes (vLLM's ``logprobs_mode=raw_logprobs``).
 
 ``sleep(level=2)`` mirrors vLLM: weights count as dropped until ``load_weights`` has refilled every
-parameter, and generating before that raises instead of serving stale weights (see TRAPS.md, vLLM
-#29341). Token ids are validated before they reach a batch, so one bad request never fails others.
+parameter, and generating before that raises instead of serving stale weights (vLLM #29341; docs/gpu.md,
+"What rlsys relies on"). Token ids are validated before they reach a batch, so one bad request never fails others.
 """
 from __future__ import annotations
 
