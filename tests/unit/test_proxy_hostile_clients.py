@@ -14,8 +14,7 @@ import openai
 import pytest
 
 from actors.env_worker import retrying_transport
-from rlsys.engines.base import SamplingParams
-from rlsys.proxy.server import ProxyServer, _ChatCodec, create_app
+from rlsys.proxy.server import ProxyServer, _ChatCodec
 from rlsys.proxy.sessions import SessionRecorder
 from tests.unit.test_proxy_server import (  # noqa: F401 (fixtures)
     BOARD,
@@ -24,6 +23,7 @@ from tests.unit.test_proxy_server import (  # noqa: F401 (fixtures)
     TOOLS,
     ScriptedEngine,
     auth,
+    greedy_real_engine_app,
     make_app,
     model_dir,
     rlsys_ext,
@@ -287,12 +287,8 @@ def test_stop_string_cuts_the_text_and_the_session_keeps_the_sampled_ids(tokeniz
 def test_stop_string_on_the_real_engine_trains_on_exactly_the_sampled_tokens(model_dir, tokenizer):
     """Greedy, once without a stop string and once with a piece of that text as one: the second sample is the
     first one's tokens up to the token completing the string, and those are what the session records."""
-    from rlsys.engines.transformers_engine import TransformersEngine
-
-    engine = TransformersEngine(str(model_dir), device="cpu", batch_wait_s=0)
     recorder = SessionRecorder()
-    app = create_app(engine, tokenizer, api_token=TOKEN, model_name=MODEL, recorder=recorder,
-                     sampling_defaults=SamplingParams(max_new_tokens=24, temperature=0.0))
+    engine, app = greedy_real_engine_app(model_dir, tokenizer, recorder, 24, batch_wait_s=0)
 
     async def scenario():
         try:

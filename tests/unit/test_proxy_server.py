@@ -620,13 +620,18 @@ def test_server_still_answers_after_fuzz(fuzz_server):
 # ---- The real tiny model and engine -------------------------------------------------------------
 
 
-def test_real_tiny_model_through_transformers_engine(model_dir, tokenizer):
+def greedy_real_engine_app(model_dir, tokenizer, recorder: SessionRecorder, max_new_tokens: int, **engine_kw):
+    """The real tiny model in a ``TransformersEngine`` behind the proxy, greedy by default: (engine, app)."""
     from rlsys.engines.transformers_engine import TransformersEngine
 
-    engine = TransformersEngine(str(model_dir), device="cpu")
+    engine = TransformersEngine(str(model_dir), device="cpu", **engine_kw)
+    return engine, create_app(engine, tokenizer, api_token=TOKEN, model_name=MODEL, recorder=recorder,
+                              sampling_defaults=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
+
+
+def test_real_tiny_model_through_transformers_engine(model_dir, tokenizer):
     recorder = SessionRecorder()
-    app = create_app(engine, tokenizer, api_token=TOKEN, model_name=MODEL, recorder=recorder,
-                     sampling_defaults=SamplingParams(max_new_tokens=12, temperature=0.0))
+    engine, app = greedy_real_engine_app(model_dir, tokenizer, recorder, 12)
 
     async def scenario():
         try:
