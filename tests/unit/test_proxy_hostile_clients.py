@@ -266,22 +266,32 @@ def test_honoured_and_metadata_fields_reach_the_engine_or_are_accepted(tokenizer
 
 
 def test_stop_string_cuts_the_text_and_the_session_keeps_the_sampled_ids(tokenizer):
+    """The reply's text stops before the string; the turn keeps every sampled id, and the agent's next turn,
+    the reply sent back as returned, is built from those ids: one segment of exactly the sampled tokens."""
     sampled_text = "I pick 5.\nObservation: the board"
     engine = ScriptedEngine(tokenizer, [sampled_text], finish_reason="length")  # no end-of-turn token
     recorder = SessionRecorder()
+    session = {"X-Rlsys-Session": "s"}
 
     async def scenario():
         async with serving(make_app(tokenizer, engine, recorder)) as (_, client, _h):
-            resp = await client.chat.completions.create(model=MODEL, messages=BOARD, stop=["Observation:"],
-                                                        logprobs=True, extra_headers={"X-Rlsys-Session": "s"})
-            return resp
+            first = await client.chat.completions.create(model=MODEL, messages=BOARD, stop=["Observation:"],
+                                                         extra_headers=session)
+            history = BOARD + [first.choices[0].message.model_dump(exclude_none=True),
+                               {"role": "user", "content": "Observation: X at 5."}]
+            second = await client.chat.completions.create(model=MODEL, messages=history, stop="Observation:",
+                                                          extra_headers=session)
+            return first, second
 
-    resp = run(scenario)
-    assert resp.choices[0].message.content == "I pick 5.\n"
-    ext = rlsys_ext(resp)
-    assert ext["completion_ids"] == tokenizer.encode(sampled_text, add_special_tokens=False)
-    (seg,) = recorder.pop("s").segments
-    assert [t for t, m in zip(seg.input_ids, seg.loss_mask) if m] == ext["completion_ids"]
+    first, second = run(scenario)
+    assert first.choices[0].message.content == "I pick 5.\n"
+    sampled = tokenizer.encode(sampled_text, add_special_tokens=False)
+    assert rlsys_ext(first)["completion_ids"] == sampled
+    assert rlsys_ext(second)["prompt_source"] == "prompt_from_ids"
+    record = recorder.pop("s")
+    assert record.num_turns == 2 and record.segment_breaks == 0
+    (seg,) = record.segments
+    assert [t for t, m in zip(seg.input_ids, seg.loss_mask) if m] == sampled + rlsys_ext(second)["completion_ids"]
 
 
 def test_stop_string_on_the_real_engine_trains_on_exactly_the_sampled_tokens(model_dir, tokenizer):
