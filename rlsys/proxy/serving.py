@@ -11,8 +11,9 @@
 - ``_RequestDeadline``, mixed into uvicorn's own HTTP protocol: a request's head and body must arrive within
   ``read_timeout_s`` of its first byte (of the connection, for a fresh one), else 408 and the connection
   closes; its head may take at most ``max_header_bytes`` (431). uvicorn has neither: its keep-alive timer runs
-  only between requests, so a client sending slowly held a connection for as long as it liked. h11's own head
-  limit (``h11_max_incomplete_event_size``) is set too, as a backstop, when h11 is the parser.
+  only between requests, so a client sending slowly held a connection for as long as it liked (the request
+  timeouts of uvicorn issue #157 were never built). h11's own head limit (``h11_max_incomplete_event_size``)
+  is set too, as a backstop, when h11 is the parser.
 """
 from __future__ import annotations
 
