@@ -220,6 +220,8 @@ class TransformersEngine(Engine):
                 f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
                 f"exceeds the model's max_position_embeddings ({self.max_model_len})"
             )
+        if params.stop:
+            self._stop_tokenizer()  # here, once: a model without a tokenizer fails this request, not its batch
         seed = params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
