@@ -48,10 +48,16 @@ def flat_state(optimizer) -> dict:
     import torch
 
     out = {}
+
+    def walk(prefix: str, value) -> None:  # bitsandbytes nests its quantisation states in a dict of their own
+        if torch.is_tensor(value):
+            out[prefix] = value.detach().cpu().clone()
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}/{key}", inner)
+
     for index, state in optimizer.state_dict()["state"].items():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                out[f"{index}/{key}"] = value.detach().cpu().clone()
+        walk(str(index), state)
     return out
 
 

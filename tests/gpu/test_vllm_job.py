@@ -50,7 +50,10 @@ def gpu_job_config(tmp_path, gpu_tiny_path, *overrides: str, **flags):
              **flags}
     return load_config(flags=flags, overrides=[
         "logging.progress=false", "data.num_items=64", "rollout.enforce_eager=true",
-        "rollout.gpu_memory_budget_gib=6.0", "rollout.max_model_len=1024", *overrides])
+        "rollout.gpu_memory_budget_gib=6.0", "rollout.max_model_len=1024", *overrides,
+        # a fixed KV cache: no start-up memory profile, which fails whenever another process on the GPU (a parallel
+        # test, a training run) allocates or frees memory meanwhile (vLLM's "Error in memory profiling")
+        "rollout.kv_cache_gib=1"])
 
 
 @pytest.mark.parametrize("drop_rollout_state, executor, keep_awake, fp32_master", [
