@@ -500,7 +500,9 @@ class Learner:
         self.optimizer_steps = int(state["optimizer_steps"])
         torch.set_rng_state(state["torch_rng"].cpu())
         if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+            # loaded onto the learner's device with the rest; the generators take CPU byte tensors only (the GPU
+            # resume test's first run: "RNG state must be a torch.ByteTensor")
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
         random.setstate(state["python_rng"])
         return self.optimizer_steps
 
