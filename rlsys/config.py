@@ -198,11 +198,12 @@ class AlgoConfig(_Section):
     (before the filter) and `sample_rounds` (rlsys/sampling.py)."""
     max_sample_rounds: int = Field(3, ge=1)
     """Cap of dynamic sampling (verl's `filter_groups.max_num_gen_batches`, but here reaching it trains on what was
-    kept instead of raising): rounds of sampling per step, the first (`batch_size` boards) included; 1 = filter
-    only. With `max_oversample` F a step samples at most `batch_size x (1 + F x (max_sample_rounds - 1))` boards."""
+    kept instead of raising): rounds of sampling per step, the first included; 1 = filter only. With
+    `max_oversample` F a step samples at most `batch_size x F x max_sample_rounds` boards."""
     max_oversample: float = Field(4.0, ge=1.0)
-    """Dynamic sampling's top-up size: a top-up round samples (missing groups / keep rate so far) boards, all at
-    once, at most this many boards per missing group (also its size when nothing was kept yet)."""
+    """Dynamic sampling's round sizes, at most this many boards per group wanted: the first round samples
+    `batch_size` / (the recent share of groups with signal, `rollout/signal_rate`) boards, a top-up round (missing
+    groups / keep rate so far this step), each all at once (a top-up's size too when nothing was kept yet)."""
 
     @model_validator(mode="after")
     def _regularizers_need_a_policy_loss(self) -> AlgoConfig:
