@@ -280,3 +280,35 @@ def test_a_skipped_push_after_level_2_is_refused_then_a_push_repairs_it(loop, en
     assert push(loop, engine, learner) == learner.num_parameters()
     loop.run_until_complete(engine.reset_prefix_cache())
     assert canary_diff(loop, engine, learner, canary) <= tol
+
+
+def test_stop_strings_logit_bias_and_penalties_reach_vllm(loop, engine, learner, canary, gpu_tiny_path):
+    """The proxy's `stop`, `logit_bias` and penalties on vLLM: generation ends with the token that completes a stop
+    string (kept in token_ids, as on the CPU engine), a +100 bias decides a greedy token, and the logprobs stay the
+    raw ones the learner recomputes."""
+    from transformers import AutoTokenizer
+
+    from rlsys.engines import SamplingParams
+
+    prompt, _ = canary
+    tok = AutoTokenizer.from_pretrained(gpu_tiny_path)
+    free = loop.run_until_complete(engine.generate(prompt, SamplingParams(max_new_tokens=24, temperature=0.0)))
+    assert len(free.token_ids) >= 8, free.token_ids
+    k = 6  # a stop string that the 6th generated token completes
+    text = tok.decode(free.token_ids[:k])
+    stop = text[len(tok.decode(free.token_ids[: k - 1])):]
+    if not stop.strip():
+        pytest.skip(f"the tiny model's 6th greedy token decodes to whitespace ({stop!r})")
+    cut = loop.run_until_complete(engine.generate(prompt, SamplingParams(max_new_tokens=24, temperature=0.0,
+                                                                         stop=(stop,))))
+    first = next(i for i in range(1, len(free.token_ids) + 1) if stop in tok.decode(free.token_ids[:i]))
+    assert cut.finish_reason == "stop" and cut.token_ids == free.token_ids[:first], (cut.token_ids, free.token_ids)
+
+    target = free.token_ids[0] + 1 if free.token_ids[0] + 1 < engine.vocab_size else free.token_ids[0] - 1
+    biased = loop.run_until_complete(engine.generate(prompt, SamplingParams(
+        max_new_tokens=4, temperature=0.0, logit_bias=((target, 100.0),), frequency_penalty=2.0, presence_penalty=1.0)))
+    assert biased.token_ids[0] == target
+    ref = learner.score(prompt, biased.token_ids)
+    diff = sum(abs(a - b) for a, b in zip(biased.logprobs, ref)) / len(ref)
+    measure("biased_logp_diff", diff)
+    assert diff < 0.05, f"logprobs under bias and penalties are not the raw ones (diff {diff:.3g})"
