@@ -17,9 +17,12 @@ would otherwise get a different behaviour than it asked for):
   ``temperature`` (below 1e-5 it samples greedily, as vLLM does), ``top_p``, ``seed``, ``stop`` (up to 4
   non-empty strings; the text ends before the first one, the sampled ids keep the token that completed it),
   ``frequency_penalty``, ``presence_penalty``, ``logit_bias`` (token id -> [-100, 100]), ``logprobs``,
-  ``parallel_tool_calls`` true (every parsed call is returned), ``n`` 1, ``stream`` false, ``top_logprobs`` 0;
+  ``parallel_tool_calls`` true (every parsed call is returned), ``n`` 1, ``stream`` (server-sent events after
+  generation, streaming.py), ``stream_options`` with ``stream`` true (``include_usage``; ``include_obfuscation``
+  false), ``top_logprobs`` 0;
 - accepted as metadata only (no effect on the completion): ``user``, ``metadata``, ``store``;
-- refused: ``stream`` true, ``n`` > 1, ``top_logprobs`` > 0, ``stream_options``, ``response_format`` other
+- refused: ``n`` > 1, ``top_logprobs`` > 0, ``stream_options`` without ``stream`` true or with
+  ``include_obfuscation`` true, ``response_format`` other
   than ``{"type": "text"}``, ``parallel_tool_calls`` false, the deprecated ``functions`` / ``function_call``
   (use ``tools`` / ``tool_choice``), non-text content parts, and any field not listed here.
 
@@ -125,6 +128,13 @@ class NamedToolChoice(_Model):
     function: NamedFunction
 
 
+class StreamOptions(_Model):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # false only: the proxy adds no obfuscation field
+
+
 class ChatCompletionRequest(_Model):
     model_config = ConfigDict(extra="forbid", strict=True)  # an unknown field is a 400, not ignored
 
@@ -148,7 +158,7 @@ class ChatCompletionRequest(_Model):
     parallel_tool_calls: bool | None = None
     # refused unless absent (check_request): typed loosely so that the 400 says why, not what type to send
     response_format: Any = None
-    stream_options: Any = None
+    stream_options: StreamOptions | None = None
     functions: Any = None
     function_call: Any = None
     # metadata only: accepted, no effect on the completion
@@ -190,16 +200,16 @@ def loc_to_param(loc: tuple[Any, ...]) -> str:
 
 def check_request(req: ChatCompletionRequest) -> None:
     """Per-request rules that types cannot express; raises ``RequestError``."""
-    if req.stream:
-        raise RequestError("stream", "streaming is not supported")
     if req.n is not None and req.n != 1:
         raise RequestError("n", f"only n=1 is supported, got {req.n}")
     stop_strings(req)
     logit_bias(req)
     if req.top_logprobs:
         raise RequestError("top_logprobs", "top_logprobs is not supported (use logprobs=true)")
-    if req.stream_options is not None:
-        raise RequestError("stream_options", "streaming is not supported, so neither are its options")
+    if req.stream_options is not None and not req.stream:
+        raise RequestError("stream_options", "only allowed when stream is true")
+    if req.stream_options is not None and req.stream_options.include_obfuscation:
+        raise RequestError("stream_options.include_obfuscation", "obfuscation is not supported")
     if req.response_format is not None and req.response_format != {"type": "text"}:
         raise RequestError("response_format", 'only {"type": "text"} is supported (no constrained decoding)')
     if req.parallel_tool_calls is False:

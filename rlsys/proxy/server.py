@@ -7,7 +7,7 @@ extension field ``"rlsys"`` carrying ``prompt_ids``, ``completion_ids``, ``logpr
 server-side (sessions.py), so the learner trains on the tokens actually sampled; an ``X-Rlsys-Attempt``
 header names the env worker's run of the episode (a retried episode starts a new life of the session).
 
-Routes: ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models[/{id}]``, ``GET /health``. The HTTP
+Routes: ``POST /v1/chat/completions`` (``stream=True``: server-sent events after generation, streaming.py), ``GET /v1/models[/{id}]``, ``GET /health``. The HTTP
 layer (serving.py) stands in front: head size (431), bearer token on every path (401), body size (413), read
 deadline (408), and a JSON 500 on a connection that stays open for an engine failure or a bug in the proxy.
 FastAPI's docs and OpenAPI routes are disabled. Client errors are 400 (or 401/404/405/408/413/431) with
@@ -49,6 +49,7 @@ Choices worth knowing:
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -59,12 +60,12 @@ import time
 import uuid
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import jinja2
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -93,6 +94,7 @@ from rlsys.proxy.schema import (
 )
 from rlsys.proxy.serving import MAX_HEADER_BYTES, ProxyServer, _GuardMiddleware, error_body
 from rlsys.proxy.sessions import RequestTicket, SessionRecorder
+from rlsys.proxy.streaming import EngineError, sse_events
 from rlsys.proxy.toolcalls import parse_tool_calls, to_openai_tool_calls
 from rlsys.types import Turn
 
@@ -309,7 +311,7 @@ def create_app(
         return JSONResponse(model_card)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> JSONResponse:
+    async def chat_completions(request: Request) -> Response:
         try:
             req, session_id, attempt = _parse(await request.body(), request.headers, model_name)
             tools = template_tools(req)
@@ -325,29 +327,63 @@ def create_app(
         except RequestError as err:
             return _request_error_response(err)
 
-        try:
-            out = await engine.generate(prompt_ids, params)
-            _check_output(out)
-        except Exception as exc:  # an engine failure must not take the server down: log, 500, go on
-            logger.exception("engine.generate failed on a %d-token prompt", len(prompt_ids))
-            return _error_response(500, f"engine error: {type(exc).__name__}: {exc}", "server_error")
+        async def complete() -> dict[str, Any]:
+            """Generate, build the body, record the session's turn: the same for a streamed request."""
+            try:
+                out = await engine.generate(prompt_ids, params)
+                _check_output(out)
+            except Exception as exc:  # an engine failure must not take the server down: log, 500, go on
+                logger.exception("engine.generate failed on a %d-token prompt", len(prompt_ids))
+                raise EngineError(f"engine error: {type(exc).__name__}: {exc}") from exc
+            parse_names = tool_names(req) if tools is not None else None
+            body = _completion_body(req, out, codec, prompt_ids, parse_names, session_id, model_name)
+            body["rlsys"]["prompt_source"] = plan.source
+            if ticket is not None:
+                _record_turn(recorder, session_id, ticket, plan, keys, tools, prompt_ids, out, body)
+            return body
 
-        parse_names = tool_names(req) if tools is not None else None
-        body = _completion_body(req, out, codec, prompt_ids, parse_names, session_id, model_name)
-        body["rlsys"]["prompt_source"] = plan.source
-        if ticket is not None:
-            choice = body["choices"][0]
-            exchange = Exchange(keys, tools_key(tools), prompt_ids, body["rlsys"]["completion_ids"],
-                                _returned_reply(choice["message"]))
-            # the engine's reason ("stop" | "length"): a cut-off answer can still carry a parsed call
-            turn = Turn(prompt_ids, list(out.token_ids), list(out.logprobs), out.finish_reason)
-            if not recorder.record(session_id, turn, ticket=ticket, source=plan.source, reason=plan.reason,
-                                   exchange=exchange):
-                logger.info("session %.64s: turn %d not recorded (session popped while in flight, or over "
-                            "the turn cap)", session_id, ticket.index)
-        return JSONResponse(body)
+        if req.stream:
+            return _streaming_response(complete(), model_name, include_usage=bool(
+                req.stream_options is not None and req.stream_options.include_usage))
+        try:
+            return JSONResponse(await complete())
+        except EngineError as err:
+            return _error_response(500, str(err), "server_error")
 
     return app
+
+
+_in_flight: set[asyncio.Task] = set()  # streamed completions' tasks, referenced until done
+
+
+def _streaming_response(completion: Coroutine[Any, Any, dict[str, Any]], model_name: str, *,
+                        include_usage: bool) -> StreamingResponse:
+    """Server-sent events (streaming.py). The completion runs as a task of its own: a client that disconnects
+    mid-stream cancels the response, not the generation, so its turn is recorded as a non-streamed one's."""
+    task = asyncio.ensure_future(completion)
+    _in_flight.add(task)
+    # the task's exception is the stream's error event; a stream cancelled first leaves it unread
+    task.add_done_callback(lambda t: (_in_flight.discard(t), t.cancelled() or t.exception()))
+    base: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+                            "created": int(time.time()), "model": model_name, "system_fingerprint": None}
+    if include_usage:
+        base["usage"] = None  # on every chunk but the last, as OpenAI sends
+    return StreamingResponse(sse_events(task, base, include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _record_turn(recorder: SessionRecorder, session_id: str, ticket: RequestTicket, plan: PromptPlan,
+                 keys: tuple[str, ...], tools: list[dict] | None, prompt_ids: list[int], out: GenerateOutput,
+                 body: dict[str, Any]) -> None:
+    choice = body["choices"][0]
+    exchange = Exchange(keys, tools_key(tools), prompt_ids, body["rlsys"]["completion_ids"],
+                        _returned_reply(choice["message"]))
+    # the engine's reason ("stop" | "length"): a cut-off answer can still carry a parsed call
+    turn = Turn(prompt_ids, list(out.token_ids), list(out.logprobs), out.finish_reason)
+    if not recorder.record(session_id, turn, ticket=ticket, source=plan.source, reason=plan.reason,
+                           exchange=exchange):
+        logger.info("session %.64s: turn %d not recorded (session popped while in flight, or over "
+                    "the turn cap)", session_id, ticket.index)
 
 
 def _plan_prompt(codec: _ChatCodec, messages: list[dict], keys: tuple[str, ...], tools: list[dict] | None,

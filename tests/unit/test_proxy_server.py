@@ -431,7 +431,7 @@ def test_prompt_longer_than_context_is_400_and_room_clips_max_tokens(tokenizer):
 
 GOOD = {"model": MODEL, "messages": BOARD}
 BAD_REQUESTS = [
-    ({**GOOD, "stream": True}, "stream", "streaming is not supported"),
+    ({**GOOD, "stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream is true"),
     ({**GOOD, "n": 2}, "n", "n=1"),
     ({**GOOD, "messages": BOARD + [{"role": "robot", "content": "x"}]}, "messages[2].role", "'system'"),
     ({**GOOD, "messages": []}, "messages", "at least 1"),
@@ -488,8 +488,9 @@ def test_non_json_wrong_model_and_oversized_bodies(tokenizer):
                 "big": await http.post(url, headers=auth(), json={**GOOD, "pad": "x" * 20_000}),
                 "big_chunked": await http.post(url, headers=auth(), content=chunks()),  # no Content-Length
             }
-            with pytest.raises(openai.BadRequestError, match="streaming is not supported"):
-                await client.chat.completions.create(model=MODEL, messages=BOARD, stream=True)
+            with pytest.raises(openai.BadRequestError, match="only allowed when stream is true"):
+                await client.chat.completions.create(model=MODEL, messages=BOARD,
+                                                     stream_options={"include_usage": True})
             out["after"] = await http.post(url, headers=auth(), json=GOOD)
             return out
 
