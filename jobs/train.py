@@ -17,6 +17,7 @@ from pathlib import Path
 from rlsys.config import Config, add_config_args, config_from_args, dump_config
 from rlsys.errors import UserInputError
 from rlsys.metrics import MetricsLogger, Timer, console_line, failure_lines, rollout_metrics
+from rlsys.trackers import open_trackers
 
 
 def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
@@ -39,8 +40,9 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
     job = Job.start(cfg, checked, marks)
     startup = StartupClock(job)
     stop = StopRequest()  # after ray.init, which replaces the SIGTERM handler (docs/gpu.md, "What rlsys relies on")
+    trackers = open_trackers(cfg, run_dir, job.start_step)  # logging.trackers: W&B, MLflow (rlsys/trackers.py)
     logger = MetricsLogger(run_dir, cfg.tb_dir() if cfg.logging.tensorboard else None, start_step=job.start_step,
-                           sinks=[RayGauges(job.namespace)])
+                           sinks=[RayGauges(job.namespace), *trackers])
     timer = Timer()
     print(f"rlsys: run directory {run_dir.resolve()} (namespace {job.namespace})", flush=True)
     try:

@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlsys.errors import UserInputError
 
@@ -308,6 +308,36 @@ class LoggingConfig(_Section):
     """Write TensorBoard events."""
     progress: bool = True
     """Show a progress bar during rollout."""
+    trackers: list[Literal["wandb", "mlflow"]] = []
+    """Experiment trackers beside TensorBoard (TRL's `report_to`), e.g. `["wandb", "mlflow"]`: each gets the
+    metrics under TensorBoard's names and the resolved config as parameters (dotted keys); see rlsys/trackers.py."""
+    run_name: str = ""
+    """The run's name in the trackers; unset = the run directory's name."""
+    wandb_project: str = "rlsys"
+    """W&B project."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """`offline`: W&B writes its run files under `<run_dir>/wandb/` only, for `wandb sync` to upload later;
+    `online` streams to the W&B server (needs `wandb login`)."""
+    mlflow_tracking_uri: str = ""
+    """MLflow tracking URI (a server `http://...`, `sqlite:///...`, `databricks`); unset = a SQLite store
+    `<run_dir>/mlflow.db` (`mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db`)."""
+    mlflow_experiment: str = "rlsys"
+    """MLflow experiment the run goes into (created if missing)."""
+
+    @field_validator("trackers")
+    @classmethod
+    def _trackers_installed(cls, trackers: list[str]) -> list[str]:
+        import importlib.util
+
+        from rlsys.trackers import TRACKER_PACKAGES
+
+        if len(set(trackers)) != len(trackers):
+            raise ValueError(f"a tracker is named twice: {trackers}")
+        for name in trackers:
+            module, install = TRACKER_PACKAGES[name]
+            if importlib.util.find_spec(module) is None:
+                raise ValueError(f"tracker {name!r} needs the {module} package, which is not installed: {install}")
+        return trackers
 
 
 class CheckpointConfig(_Section):

@@ -1,5 +1,6 @@
 """Per-step metrics: computed from trajectory summaries, learner stats and phase timings, written to
-`<run_dir>/metrics.jsonl` (one object per step) and TensorBoard under the same names.
+`<run_dir>/metrics.jsonl` (one object per step) and TensorBoard under the same names, and to the sinks the driver
+adds (Ray gauges; the W&B and MLflow trackers of rlsys/trackers.py).
 
 Names follow AReno's where they exist: rollout/rewards_mean, rollout/response_len_mean, time/rollout...
 The error table is `error/<outcome>` (fractions of the batch, failed trajectories included under
@@ -108,7 +109,9 @@ class MetricsLogger:
             _truncate_from(self.path.with_name(name), start_step)
         self._file = self.path.open("a", encoding="utf-8")
         self._eval_file = None
-        self._sinks = list(sinks)  # e.g. Ray gauges for the dashboard: anything with log(step, metrics)
+        # anything with log(step, metrics), and optionally log_eval(step, tag, metrics) and close(): Ray gauges
+        # for the dashboard, the experiment trackers (rlsys/trackers.py)
+        self._sinks = list(sinks)
         self._tb = None
         if tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -125,6 +128,9 @@ class MetricsLogger:
         if self._eval_file is None:
             self._eval_file = self.path.with_name("eval.jsonl").open("a", encoding="utf-8")
         self._write(self._eval_file, step, {"tag": tag, **metrics})
+        for sink in self._sinks:
+            if hasattr(sink, "log_eval"):
+                sink.log_eval(step, tag, metrics)
 
     def _write(self, file: Any, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
@@ -142,6 +148,9 @@ class MetricsLogger:
             self._eval_file.close()
         if self._tb is not None:
             self._tb.close()
+        for sink in self._sinks:  # a tracker marks its run failed when this runs while an exception propagates
+            if hasattr(sink, "close"):
+                sink.close()
 
 
 def _truncate_from(path: Path, start_step: int) -> None:
