@@ -2,7 +2,8 @@
 
 Each sink gets every step's metrics under the names TensorBoard has (rollout/rewards_mean, train/loss, ...;
 numbers only, non-finite values left out as TensorBoard leaves them), the evaluations under eval/*, and the
-resolved config as parameters with flattened dotted keys (`algo.clip_eps_low`).
+resolved config as parameters with flattened dotted keys (`algo.clip_eps_low`). MLflow refuses some characters in
+names: those become `_` there (`mlflow_key`); rlsys's own names have none.
 
 - `wandb` runs offline by default (`logging.wandb_mode`): the run files under `<run_dir>/wandb/` are what
   `wandb sync <run_dir>/wandb/offline-run-*` uploads; nothing reaches the network during training.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -46,6 +48,17 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     """The finite numbers of ``metrics``: what TensorBoard gets (strings such as an eval's tag are left out)."""
     return {k: float(v) for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+MLFLOW_MAX_PARAM_CHARS = 6000  # MLflow refuses longer param values (e.g. a long system prompt): cut
+
+
+def mlflow_key(name: str) -> str:
+    """``name`` as MLflow takes it: characters other than letters, digits, `_-. :/` become `_`, as do empty, `.`
+    and `..` path parts (MLflow refuses names that a path would normalise). TensorBoard's names pass unchanged;
+    an `error/<outcome>` whose outcome label has other characters does not stop the job."""
+    parts = re.sub(r"[^/\w.\- :]", "_", name).split("/")
+    return "/".join("_" if part in ("", ".", "..") else part for part in parts)
 
 
 def _failed() -> bool:
@@ -98,7 +111,7 @@ class MlflowSink:
             run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
             logged = {}
         self.run_id = run_id
-        new = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))
+        new = [Param(k, (json.dumps(v) if isinstance(v, (list, dict)) else str(v))[:MLFLOW_MAX_PARAM_CHARS])
                for k, v in params.items() if k not in logged]
         for i in range(0, len(new), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(run_id, params=new[i:i + 100])
@@ -107,7 +120,8 @@ class MlflowSink:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in scalars(metrics).items()])
+        self.client.log_batch(self.run_id, metrics=[Metric(mlflow_key(k), v, now, step)
+                                                    for k, v in scalars(metrics).items()])
 
     def log_eval(self, step: int, tag: str, metrics: dict[str, Any]) -> None:
         self.log(step, metrics)

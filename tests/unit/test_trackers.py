@@ -109,8 +109,8 @@ def test_mlflow_sink_logs_every_step_the_config_and_resumes_the_same_run(tmp_pat
 
     cfg = tracker_config(tmp_path, "mlflow")
     logger = MetricsLogger(tmp_path, None, sinks=open_trackers(cfg, tmp_path))
-    for step, metrics in enumerate(STEPS[:2]):
-        logger.log(step, metrics)
+    logger.log(0, {**STEPS[0], "error/bad(label)": 1.0})  # an outcome label with characters MLflow refuses
+    logger.log(1, STEPS[1])
     logger.log_eval(2, "step2", {"eval/rewards_mean": 0.9})
     logger.close()
     ids = json.loads((tmp_path / "trackers.json").read_text())
@@ -137,6 +137,7 @@ def test_mlflow_sink_logs_every_step_the_config_and_resumes_the_same_run(tmp_pat
     assert sorted(history) == [(0, 0.25), (1, 0.5), (1, 0.5), (2, 0.75)]
     assert [(m.step, m.value) for m in client.get_metric_history(ids["mlflow"], "train/loss")] == [(0, 1.5), (2, 0.5)]
     assert [(m.step, m.value) for m in client.get_metric_history(ids["mlflow"], "eval/rewards_mean")] == [(2, 0.9)]
+    assert [(m.step, m.value) for m in client.get_metric_history(ids["mlflow"], "error/bad_label_")] == [(0, 1.0)]
     params = run.data.params
     assert params["algo.clip_eps_low"] == "0.125"
     assert params["logging.trackers"] == '["mlflow"]'
