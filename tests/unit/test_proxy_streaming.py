@@ -113,8 +113,11 @@ def test_real_engine_streamed_equals_non_streamed_async_and_sync(model_dir, toke
 # ---- Tool calls, usage, errors (scripted engine: a known answer) ------------------------------------------
 
 
-def test_tool_calls_stream_as_deltas_the_client_reassembles(tokenizer):
-    answer = "I take the centre. " + CALL_BLOCK + "\n" + CALL_BLOCK.replace('"square": 5', '"square": 1')
+TWO_CALLS = "I take the centre. " + CALL_BLOCK + "\n" + CALL_BLOCK.replace('"square": 5', '"square": 1')
+
+
+@pytest.mark.parametrize("answer,squares", [(TWO_CALLS, [5, 1]), (CALL_BLOCK, [5])], ids=["content+2", "call-only"])
+def test_tool_calls_stream_as_deltas_the_client_reassembles(tokenizer, answer, squares):
     recorder = SessionRecorder()
     engine = ScriptedEngine(tokenizer, [answer])
 
@@ -125,14 +128,16 @@ def test_tool_calls_stream_as_deltas_the_client_reassembles(tokenizer):
             return plain, [chunk async for chunk in stream]
 
     plain, chunks = run(scenario)
-    assert [c.function.name for c in plain.choices[0].message.tool_calls] == ["choose_square"] * 2
+    assert [json.loads(c.function.arguments)["square"] for c in plain.choices[0].message.tool_calls] == squares
+    assert (plain.choices[0].message.content is None) == (answer == CALL_BLOCK)
     check_same_as_non_streamed(plain, recorded(recorder, "plain"), chunks, recorded(recorder, "streamed"))
     calls = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
     heads = [d for d in calls if d.id is not None]
     assert [(d.index, d.type, d.function.name, d.function.arguments) for d in heads] == [
-        (0, "function", "choose_square", ""), (1, "function", "choose_square", "")]
+        (i, "function", "choose_square", "") for i in range(len(squares))]
     assert all(d.function.name is None for d in calls if d.id is None)
-    assert "".join(d.function.arguments for d in calls if d.index == 1) == json.dumps({"square": 1})
+    for i, square in enumerate(squares):
+        assert "".join(d.function.arguments for d in calls if d.index == i) == json.dumps({"square": square})
     assert [c.choices[0].finish_reason for c in chunks][-1] == "tool_calls"
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
 
@@ -206,3 +211,20 @@ def test_a_client_that_leaves_mid_stream_still_has_its_turn_recorded(tokenizer):
             return recorder.num_turns("gone")
 
     assert run(scenario) == 1
+
+
+def test_keep_alive_comments_while_the_engine_works_are_ignored_by_the_client(tokenizer, monkeypatch):
+    monkeypatch.setattr("rlsys.proxy.streaming.KEEPALIVE_S", 0.05)
+    engine = ScriptedEngine(tokenizer, ["patience"])
+    engine.delay_s = 0.4
+
+    async def scenario():
+        async with serving(make_app(tokenizer, engine)) as (_, client, http):
+            raw = await http.post("/v1/chat/completions", headers=auth(),
+                                  json={"model": MODEL, "messages": BOARD, "stream": True})
+            stream = await client.chat.completions.create(model=MODEL, messages=BOARD, stream=True)
+            return raw.text, [c async for c in stream]
+
+    text, chunks = run(scenario)
+    assert ": keep-alive\n\n" in text
+    assert assembled(chunks)["content"] == "patience"
