@@ -36,17 +36,14 @@ def assembled(chunks: list) -> dict:
     for chunk in chunks:
         state.handle_chunk(chunk)
     # the snapshot, not get_final_completion(), which raises on finish_reason "length"
-    choice = state.current_completion_snapshot.choices[0]
-    return {
-        "content": choice.message.content,
-        "tool_calls": [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []],
-        "finish_reason": choice.finish_reason,
-        "logprobs": None if choice.logprobs is None else [e.model_dump() for e in choice.logprobs.content or []],
-    }
+    return view(state.current_completion_snapshot.choices[0])
 
 
 def returned(completion) -> dict:
-    choice = completion.choices[0]
+    return view(completion.choices[0])
+
+
+def view(choice) -> dict:
     return {
         "content": choice.message.content,
         "tool_calls": [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []],
