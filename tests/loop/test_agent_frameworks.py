@@ -87,29 +87,38 @@ def test_framework_agent_through_the_proxy_records_one_session_of_sampled_tokens
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_framework_agent_runs_two_training_steps_on_the_tiny_model(ray_local, tmp_path, framework):
+    cfg = job_config(tmp_path, "env.num_workers=1", batch_size="2", n_samples="2", max_new_tokens="24",
+                     agent_fn=str(PLUGINS / FRAMEWORKS[framework]),
+                     reward_fn_path=str(PLUGINS / "spread_tictactoe_reward.py"))
+
+    def check(trajs):
+        failed = [t.fail_reason for t in trajs if t.failed]
+        # a framework may give up on what the random model wrote; that must be a counted agent failure
+        assert all(r.startswith("agent_error") for r in failed), failed
+        assert len(failed) < len(trajs), f"every episode failed: {failed}"
+        for t in trajs:
+            if t.failed:
+                continue
+            assert t.num_turns == 1 and len(t.segments) == 1, (t.num_turns, t.info["output"])
+            (seg,) = t.segments
+            assert sum(seg.loss_mask) > 0 and len(seg.rollout_logprobs) == len(seg.input_ids)
+            assert set(t.info["output"]) == {"content", "tool_calls", "finish_reason"}
+
+    train_steps(cfg, check)
+
+
+def train_steps(cfg, check, steps: int = 2) -> None:
+    """`steps` steps of the job's loop (rollout, train, push), with `check(trajectories)` after each rollout;
+    the learner must train on at least one sequence every step."""
     import ray
 
     from jobs.cluster import Job
 
-    cfg = job_config(tmp_path, "env.num_workers=1", batch_size="2", n_samples="2", max_new_tokens="24",
-                     agent_fn=str(PLUGINS / FRAMEWORKS[framework]),
-                     reward_fn_path=str(PLUGINS / "spread_tictactoe_reward.py"))
     job = Job.start(cfg)
     try:
-        for step in range(2):
+        for step in range(steps):
             traj_refs, summaries = job.rollout(job.data.next_batch(cfg.rollout.batch_size), step=step)
-            trajs = ray.get(traj_refs)
-            failed = [t.fail_reason for t in trajs if t.failed]
-            # a framework may give up on what the random model wrote; that must be a counted agent failure
-            assert all(r.startswith("agent_error") for r in failed), failed
-            assert len(failed) < len(trajs), f"every episode failed: {failed}"
-            for t in trajs:
-                if t.failed:
-                    continue
-                assert t.num_turns == 1 and len(t.segments) == 1, (t.num_turns, t.info["output"])
-                (seg,) = t.segments
-                assert sum(seg.loss_mask) > 0 and len(seg.rollout_logprobs) == len(seg.input_ids)
-                assert set(t.info["output"]) == {"content", "tool_calls", "finish_reason"}
+            check(ray.get(traj_refs))
             job.engines.sleep(level=2)
             stats = job.train(traj_refs, summaries)
             assert stats["train/skipped_steps"] == 0 and stats["train/num_sequences"] >= 1, stats

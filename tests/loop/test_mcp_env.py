@@ -15,6 +15,7 @@ import json
 import pytest
 
 from tests.loop.conftest import REPO, job_config
+from tests.loop.test_agent_frameworks import train_steps
 from tests.loop.test_multiturn import IM_END, run_session
 
 pytestmark = pytest.mark.timeout(300)
@@ -91,29 +92,17 @@ def test_a_rejected_call_comes_back_as_a_tool_message_and_the_turn_cap_ends_the_
 
 
 def test_mcp_environment_runs_two_training_steps_on_the_tiny_model(ray_local, tmp_path):
-    import ray
-
-    from jobs.cluster import Job
-
     data = REPO / "rlsys/envs/mcp_calculator/data/train.jsonl"
     cfg = job_config(tmp_path, "env.num_workers=1", batch_size="2", n_samples="2", max_new_tokens="16",
                      agent_fn="rlsys.envs.mcp_calculator.agent:agent",
                      reward_fn_path=str(REPO / "tests/loop/plugins/spread_mcp_reward.py"), dataset_path=str(data))
-    job = Job.start(cfg)
-    try:
-        for step in range(2):
-            traj_refs, summaries = job.rollout(job.data.next_batch(cfg.rollout.batch_size), step=step)
-            trajs = ray.get(traj_refs)
-            assert not any(t.failed for t in trajs), [t.fail_reason for t in trajs]
-            for t in trajs:
-                out = t.info["output"]
-                assert t.num_turns == len(out["turns"]) >= 1 and len(out["tool_results"]) <= 4 * t.num_turns
-                sampled = [tok for s in t.segments for tok, m in zip(s.input_ids, s.loss_mask) if m]
-                assert sampled == [tok for turn in out["turns"] for tok in turn["completion_ids"]]
-            job.engines.sleep(level=2)
-            stats = job.train(traj_refs, summaries)
-            assert stats["train/skipped_steps"] == 0 and stats["train/num_sequences"] >= 1, stats
-            job.weights.push()
-            job.engines.wake()
-    finally:
-        job.shutdown()
+
+    def check(trajs):
+        assert not any(t.failed for t in trajs), [t.fail_reason for t in trajs]
+        for t in trajs:
+            out = t.info["output"]
+            assert t.num_turns == len(out["turns"]) >= 1 and len(out["tool_results"]) <= 4 * t.num_turns
+            sampled = [tok for s in t.segments for tok, m in zip(s.input_ids, s.loss_mask) if m]
+            assert sampled == [tok for turn in out["turns"] for tok in turn["completion_ids"]]
+
+    train_steps(cfg, check)
