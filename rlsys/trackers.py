@@ -88,7 +88,12 @@ class WandbSink:
         self.log(step, metrics)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish(exit_code=1 if _failed() else 0)
+        # finish() can return before wandb-core has written the run file out (seen with 0.31 offline: a file of
+        # its header only, read right after); teardown waits for it and stops the service process
+        wandb.teardown()
 
 
 class MlflowSink:

@@ -77,6 +77,11 @@ def read_wandb_run(run_file: Path) -> tuple[str, dict[str, Any], dict[int, dict[
     return run_id, config, history
 
 
+def wandb_exit_code(run_file: Path) -> int:
+    (code,) = [r.exit.exit_code for r in wandb_records(run_file) if r.WhichOneof("record_type") == "exit"]
+    return code
+
+
 def wandb_run_files(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
@@ -158,7 +163,7 @@ def test_wandb_offline_sink_writes_every_step_and_the_config_and_resumes_the_sam
 
     (first,) = wandb_run_files(tmp_path)
     got_id, config, history = read_wandb_run(first)
-    assert got_id == run_id
+    assert got_id == run_id, f"{first}: run id {got_id!r} (an incomplete run file?)"
     assert config["algo.clip_eps_low"] == 0.125 and config["logging.trackers"] == ["wandb"]
     assert config["logging.run_name"] == "tiny-run"
     assert {step: row["rollout/rewards_mean"] for step, row in history.items() if "rollout/rewards_mean" in row} \
@@ -166,11 +171,18 @@ def test_wandb_offline_sink_writes_every_step_and_the_config_and_resumes_the_sam
     assert "train/loss" not in history[1], "a NaN went to W&B (TensorBoard leaves it out)"
     assert history[2]["eval/rewards_mean"] == 0.9
 
-    # resumed from the step-2 checkpoint: the same run id, in a second offline run directory for `wandb sync`
+    assert wandb_exit_code(first) == 0
+
+    # resumed from the step-2 checkpoint, then failing: the same run id, in a second offline run directory
     logger = MetricsLogger(tmp_path, None, start_step=2, sinks=open_trackers(cfg, tmp_path, start_step=2))
-    logger.log(2, STEPS[2])
-    logger.close()
+    with pytest.raises(RuntimeError):
+        try:
+            logger.log(2, STEPS[2])
+            raise RuntimeError("the job broke")
+        finally:
+            logger.close()
     second = next(p for p in wandb_run_files(tmp_path) if p != first)
     got_id, _, history = read_wandb_run(second)
     assert got_id == run_id
+    assert wandb_exit_code(second) == 1, "a failed run was not marked failed"
     assert history[2]["rollout/rewards_mean"] == 0.75 and history[2]["train/loss"] == 0.5
