@@ -328,7 +328,7 @@ class WeightSync:
 
 # A push moves the engine as far as the learner moved (their numerics differ, the same change lands on both), so
 # an engine that moved less than this share of the learner's move kept (most of) its old weights: caught even when
-# the update is smaller than the tolerance, which must cover the dtype gap (fp32 masters vs bf16: 0.025-0.049).
+# the update is smaller than the tolerance, which must cover the dtype gap (fp32 masters vs bf16: 0.025-0.085).
 CANARY_MIN_FOLLOW = 0.1
 CANARY_MOVE_FLOOR = 1e-4  # below this mean |change| the learner did not move measurably: nothing to follow
 
@@ -460,8 +460,9 @@ class Job:
         """The step's rollout phase: `rollout.batch_size` boards from the data cursor, every sample of each at once;
         under `algo.dynamic_sampling` as many more as the recent share of groups with signal calls for
         (`data.signal_rate`, at most `algo.max_oversample` per group), the groups whose rewards all agree are dropped
-        and rounds of more boards are sampled until the batch holds `batch_size` groups with signal or `algo.max_sample_rounds` rounds were
-        sampled (rlsys/sampling.py). Every fresh board sampled advances the cursor, so a resumed run goes on after
+        and rounds of more boards are sampled until the batch holds `batch_size` groups with signal or
+        `algo.max_sample_rounds` rounds were sampled (rlsys/sampling.py). Every fresh board sampled advances the
+        cursor, so a resumed run goes on after
         them; under `data.signal_replay` the boards whose group had signal are queued to come back sooner (the
         queue is saved with the cursor; `rollout/boards_replayed` counts the boards drawn from it).
 
