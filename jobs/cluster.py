@@ -462,9 +462,9 @@ class Job:
         (`data.signal_rate`, at most `algo.max_oversample` per group), the groups whose rewards all agree are dropped
         and rounds of more boards are sampled until the batch holds `batch_size` groups with signal or
         `algo.max_sample_rounds` rounds were sampled (rlsys/sampling.py). Every fresh board sampled advances the
-        cursor, so a resumed run goes on after
-        them; under `data.signal_replay` the boards whose group had signal are queued to come back sooner (the
-        queue is saved with the cursor; `rollout/boards_replayed` counts the boards drawn from it).
+        cursor, so a resumed run goes on after them; under `data.signal_replay` the boards whose group had signal
+        are queued to come back sooner (the queue is saved with the cursor; `rollout/boards_replayed` counts the
+        boards drawn from it).
 
         Returns the trajectory refs to train on (the kept groups), the summaries of *every* trajectory sampled
         (the step's rollout metrics and error table describe what was sampled) and the `rollout/groups_*` counts."""
