@@ -81,6 +81,9 @@ def test_readme_ray_cluster_block_runs_as_written(clone):
             if "ray stop" in line:  # stops every Ray on the machine: the head's process group is stopped below
                 continue
             if line.startswith("bash deploy/start-local-head.sh"):
+                # the options go before the line's trailing comment, or bash reads them as part of it (the first CI
+                # run: no --block, Ray's default ports, and the head's job agent clashing with the suite's Ray)
+                line = line.split("#", 1)[0].rstrip()
                 extra = [f"--port={_free_port()}", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=2",
                          f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
                          f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
