@@ -28,8 +28,9 @@ SIZES = {
 }
 
 
-def export(path):
-    """Tokenised train/held-out boards (the job's seeds), SFT chats and initial weights of SIZES, for --data."""
+def export(path, board_cells=False):
+    """Tokenised train/held-out boards (the job's seeds), SFT chats and initial weights of SIZES, for --data.
+    `board_cells`: every size with the tokenizer that draws each board cell as one token (tiny-cells)."""
     from rlsys.envs.tictactoe import game
     from rlsys.envs.tictactoe.dataset import make_dataset
     from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
@@ -39,7 +40,7 @@ def export(path):
 
     out = {"weights": {}, "configs": {}}
     for name, sizes in SIZES.items():
-        m, tok = create_tiny_model(seed=0, **sizes)
+        m, tok = create_tiny_model(seed=0, board_cells=board_cells, **sizes)
         out["weights"][name] = {k: v.clone() for k, v in m.state_dict().items()}
         c = m.config
         out["configs"][name] = dict(hidden=c.hidden_size, layers=c.num_hidden_layers, heads=c.num_attention_heads,
@@ -187,6 +188,7 @@ def run(a, D, dev):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--export", metavar="OUT.pt", help="write the data file (needs rlsys) and exit")
+    ap.add_argument("--cells", action="store_true", help="with --export: the one-token-per-board-cell tokenizer")
     ap.add_argument("--size", default="h16"); ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sft-steps", type=int, default=100); ap.add_argument("--sft-lr", type=float, default=3e-3); ap.add_argument("--sft-bs", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3); ap.add_argument("--steps", type=int, default=400); ap.add_argument("--warmup", type=int, default=10)
@@ -199,7 +201,7 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", help="JSON file: list of arg dicts; runs each, prints one JSON line per run")
     a = ap.parse_args()
     if a.export:
-        export(a.export)
+        export(a.export, a.cells)
         sys.exit(0)
     D = torch.load(a.data, weights_only=False)
     runs = json.load(open(a.sweep)) if a.sweep else [{}]

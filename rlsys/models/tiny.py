@@ -73,15 +73,19 @@ DEFAULT_SIZES: dict[str, Any] = {
     "vocab_size": 1024,  # target size incl. the 7 special/added tokens; tic-tac-toe text is fully merged by ~768
     "max_position_embeddings": 2048,
     "rope_theta": 10000.0,
+    "board_cells": False,  # one token per drawn board cell: no BPE merge of a separator with X or O (see below)
 }
 
 # Built-in variants, `model.ckpt = "rlsys:<name>"` (rlsys/models/resolve.py): overrides of DEFAULT_SIZES.
 # tiny-h16 has the default's shape and parameter count (~920k) cut into 16 heads of width 8 (kv 8): on the
 # format-SFT-then-GSPO tic-tac-toe recipe it learns where the free squares are several times more often
 # than the default's 4 heads of width 32 (docs/results-cpu.md has the measurements).
+# tiny-cells is tiny-h16 whose tokenizer draws every board cell as one token (`board_cells`), so each square sits
+# at the same token distance from the answer's square digit on every board.
 NAMED_SIZES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "tiny-h16": {"num_heads": 16, "num_kv_heads": 8},
+    "tiny-cells": {"num_heads": 16, "num_kv_heads": 8, "board_cells": True},
 }
 
 _CORPUS_SEED = 20240611  # fixed: the tokenizer does not depend on the weight seed
@@ -303,8 +307,14 @@ def _training_pieces(texts: list[str]) -> Iterator[str]:
                 yield piece
 
 
-def train_tokenizer(vocab_size: int = DEFAULT_SIZES["vocab_size"]):
-    """A `tokenizers.Tokenizer` with Qwen2's pipeline, trained on `generate_corpus()`; len <= vocab_size."""
+def train_tokenizer(vocab_size: int = DEFAULT_SIZES["vocab_size"], board_cells: bool = False):
+    """A `tokenizers.Tokenizer` with Qwen2's pipeline, trained on `generate_corpus()`; len <= vocab_size.
+
+    `board_cells`: drop the merges of one separator character with a mark ("|X", " O"), so that a drawn board
+    ("X|2|O") is one token per cell and per separator whatever the marks: each square then sits at a fixed token
+    distance from the end of the prompt. The merged tokens stay in the vocabulary (never produced), so the ids and
+    the vocabulary size are the default's. The pre-tokenizer stays Qwen's (transformers rebuilds it anyway).
+    """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from tokenizers import processors, trainers
 
@@ -327,8 +337,30 @@ def train_tokenizer(vocab_size: int = DEFAULT_SIZES["vocab_size"]):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(_training_pieces(generate_corpus()), trainer=trainer)
+    if board_cells:
+        tokenizer = _without_mark_merges(tokenizer)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TAGS])
     return tokenizer
+
+
+# Byte-level BPE spells ASCII punctuation as itself and a space, newline and tab as these three characters.
+_SEPARATORS = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~" "\u0120\u010a\u0109")
+
+
+def _without_mark_merges(tokenizer):
+    """`tokenizer` minus every merge that joins one non-alphanumeric character with X or O, and every merge that
+    builds on a token only those merges made."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(tokenizer.to_str())
+    merges, kept, unreachable = data["model"]["merges"], [], set()
+    for left, right in merges:
+        if left in unreachable or right in unreachable or (left in _SEPARATORS and right in ("X", "O")):
+            unreachable.add(left + right)
+        else:
+            kept.append([left, right])
+    data["model"]["merges"] = kept
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def _hf_tokenizer(raw_tokenizer, max_length: int):
@@ -370,7 +402,7 @@ def create_tiny_model(*, seed: int = 0, **sizes: Any):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     spec = resolve_sizes(**sizes)
-    tokenizer = _hf_tokenizer(train_tokenizer(spec["vocab_size"]), spec["max_position_embeddings"])
+    tokenizer = _hf_tokenizer(train_tokenizer(spec["vocab_size"], spec["board_cells"]), spec["max_position_embeddings"])
     pad_id, im_end_id = tokenizer.convert_tokens_to_ids([PAD_TOKEN, IM_END])
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -436,7 +468,10 @@ def count_parameters(model_dir: str | os.PathLike) -> int:
 
 def cache_key(seed: int = 0, **sizes: Any) -> str:
     """Short hash of the builder version and the resolved arguments: the cache folder's suffix."""
-    payload = json.dumps({"builder": BUILDER_VERSION, "seed": seed, **resolve_sizes(**sizes)}, sort_keys=True)
+    spec = resolve_sizes(**sizes)
+    if not spec["board_cells"]:  # the key of every model built before the option existed stays the same
+        del spec["board_cells"]
+    payload = json.dumps({"builder": BUILDER_VERSION, "seed": seed, **spec}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -476,7 +511,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="output folder (created; must be empty if it exists)")
     parser.add_argument("--seed", type=int, default=0)
     for name, default in DEFAULT_SIZES.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+        if isinstance(default, bool):
+            parser.add_argument(f"--{name.replace('_', '-')}", action="store_true")
+        else:
+            parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     args = parser.parse_args(argv)
     sizes = {name: getattr(args, name) for name in DEFAULT_SIZES}
     out = build_tiny_model(args.out, seed=args.seed, **sizes)

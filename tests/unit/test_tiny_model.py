@@ -237,3 +237,28 @@ def test_cli_builds_a_folder_with_custom_sizes(tmp_path, capsys):
     assert printed[0] == str(out) and int(printed[1]) == tiny.count_parameters(out)
     config = json.loads((out / "config.json").read_text())
     assert (config["num_hidden_layers"], config["hidden_size"]) == (2, 64)
+
+
+def test_board_cells_tokenizer_draws_every_board_cell_as_one_token(tmp_path):
+    from rlsys.envs.tictactoe.dataset import all_boards
+    from rlsys.envs.tictactoe.prompt import render_board, render_board_alt
+
+    cells = AutoTokenizer.from_pretrained(tiny.build_tiny_model(tmp_path / "cells", **tiny.NAMED_SIZES["tiny-cells"]))
+    default = AutoTokenizer.from_pretrained(tiny.build_tiny_model(tmp_path / "h16", **tiny.NAMED_SIZES["tiny-h16"]))
+    boards = all_boards()
+    for render in (render_board, render_board_alt):  # the job's drawing and the 'grid_alt' perturbation's
+        lengths = {len(cells(render(b), add_special_tokens=False)["input_ids"]) for b in boards}
+        assert len(lengths) == 1, (render.__name__, lengths)
+    # the default's BPE joins a separator with a mark ("|X"), so its boards vary in length
+    assert len({len(default(render_board(b))["input_ids"]) for b in boards}) > 1
+    # same vocabulary and ids: only merges went, so text without a separator before a mark encodes as before
+    assert cells.get_vocab() == default.get_vocab()
+    text = 'Squares are numbered 1-9, left to right.\n1|2|3\n{"name": "choose_square", "arguments": {"square": 7}}'
+    assert cells(text)["input_ids"] == default(text)["input_ids"]
+    assert cells(" X|O")["input_ids"] != default(" X|O")["input_ids"]
+
+
+def test_board_cells_keeps_every_earlier_models_cache_key():
+    assert tiny.cache_key(0, **tiny.NAMED_SIZES["tiny-h16"]) == tiny.cache_key(0, num_heads=16, num_kv_heads=8)
+    assert tiny.cache_key(0) != tiny.cache_key(0, board_cells=True)
+    assert "board_cells" not in json.dumps(tiny.resolve_sizes()) or tiny.resolve_sizes()["board_cells"] is False
