@@ -122,7 +122,7 @@ async def bench_sync(args: argparse.Namespace, model_name: str) -> dict[str, Any
     import torch
     from transformers import AutoModelForCausalLM
 
-    from jobs.cluster import canary_sequence
+    from jobs.weight_sync import canary_sequence
     from rlsys.algos import token_logprobs
     from rlsys.engines.vllm_engine import VLLMEngine, device_total_bytes, memory_fraction
     from rlsys.weights.buckets import BucketPacker
@@ -469,8 +469,10 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from actors.rollout import RolloutWorker, resolve_engine_kind
-    from jobs.cluster import init_ray, load_items, run_episodes
+    from jobs.episodes import run_episodes
+    from jobs.items import load_items
     from jobs.placement import gpu_actor_env, make_env_workers
+    from jobs.session import init_ray
     from rlsys.config import load_config
     from rlsys.models.resolve import resolve_model
 

@@ -4,7 +4,7 @@ The same actors and agent path as training, minus the learner: one rollout actor
 and the env workers of `jobs.placement.make_env_workers`, each episode an agent run through the proxy,
 scored by the job's reward and labelled by its `outcome`. Greedy by default (`--temperature 0`).
 
-Boards: `--boards FILE` (JSONL), else the generated held-out boards that `jobs.cluster.load_eval_items`
+Boards: `--boards FILE` (JSONL), else the generated held-out boards that `jobs.items.load_eval_items`
 builds, disjoint from the training boards. When `--ckpt` is a checkpoint written by rlsys, its
 `config.resolved.toml` supplies the data seeds, so the held-out set is disjoint from *that run's*
 training set (and the agent, reward and max_new_tokens are the run's own).
@@ -19,7 +19,8 @@ and appear in the error table under their failure kind, never as a 0 reward. Bes
 board from its optional `summarize_by_kind(items, outcomes)`: for tic-tac-toe `win_taken_rate` (boards with an
 immediate win), `block_rate` (O threatens, blocking is the only move that does not lose), `other_optimal_rate`
 (no win, no threat), `lost_legal_rate` (every move loses) and `<kind>_episodes` (`game.board_kind`).
-`outcome_rates` computes both, here and for the training job's evaluations (`Job.evaluate`).
+`evaluate_held_out` runs the episodes and computes these per variant, here and for the training job's evaluations
+(`Job.evaluate`): one evaluation path.
 """
 from __future__ import annotations
 
@@ -36,7 +37,6 @@ from typing import Any
 from rlsys.config import Config, load_config
 from rlsys.errors import UserInputError
 
-DEFAULT_VARIANT = "default"
 BUILTIN_AGENT = "rlsys.envs.tictactoe.agent:agent"
 RATE_KEYS = ("valid_call_rate", "legal_move_rate", "optimal_move_rate", "win_move_rate")
 KIND_RATE_KEYS = ("win_taken_rate", "block_rate", "other_optimal_rate", "lost_legal_rate")
@@ -85,7 +85,7 @@ def eval_config(req: EvalRequest) -> Config:
 
 def eval_items(cfg: Config, n: int | None) -> tuple[list[dict[str, Any]], str]:
     """The held-out items (first ``n`` if given) and a one-line description of where they came from."""
-    from jobs.cluster import load_eval_items
+    from jobs.items import load_eval_items
 
     items = load_eval_items(cfg)
     d = cfg.data
@@ -99,9 +99,16 @@ def eval_items(cfg: Config, n: int | None) -> tuple[list[dict[str, Any]], str]:
     return items, source
 
 
-def with_variants(items: list[dict[str, Any]], variants: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """(variant, item) for every variant and item; perturbed items carry `prompt_variant`."""
-    return [(v, item if v == DEFAULT_VARIANT else {**item, "prompt_variant": v}) for v in variants for item in items]
+def eval_variants(perturb: bool) -> list[str]:
+    """The prompt variants to run: the default prompt, and with ``perturb`` every one of
+    `rlsys.envs.tictactoe.prompt.PERTURBATIONS`."""
+    from jobs.episodes import DEFAULT_VARIANT
+
+    if not perturb:
+        return [DEFAULT_VARIANT]
+    from rlsys.envs.tictactoe.prompt import PERTURBATIONS
+
+    return [DEFAULT_VARIANT, *PERTURBATIONS]
 
 
 # --- running episodes on Ray actors ------------------------------------------------------------------
@@ -142,19 +149,65 @@ def outcome_rates(reward_module: Any, items: list[dict[str, Any]], summaries: li
     return out
 
 
-def variant_metrics(summaries: list[Any], items: list[dict[str, Any]], labels: tuple[str, ...],
-                    reward_module: Any) -> dict[str, Any]:
-    """Rates (`outcome_rates`), reward and error table of one variant's episodes, ``items[k]`` episode k's item."""
+@dataclass
+class VariantResult:
+    """One prompt variant's episodes, summed up."""
+
+    episodes: int
+    rollout: dict[str, float]  # `rollout_metrics` of its episodes: `rollout/<key>` and `error/<label>` keys
+    rates: dict[str, float]  # `outcome_rates` of its episodes (a failed episode is a miss)
+
+    def report(self) -> dict[str, Any]:
+        """`rlsys eval`'s entry for the variant: episodes, rates, reward and the error table."""
+        out: dict[str, Any] = {"episodes": self.episodes, **self.rates}
+        for key in ("rewards_mean", "failed_frac", "response_len_mean"):
+            if f"rollout/{key}" in self.rollout:
+                out[key] = self.rollout[f"rollout/{key}"]
+        out["errors"] = {k.removeprefix("error/"): v for k, v in self.rollout.items() if k.startswith("error/")}
+        return out
+
+    def flat(self, prefix: str) -> dict[str, float]:
+        """The training job's metrics: ``prefix`` + the rollout metrics (without `rollout/`), then the rates."""
+        out = {prefix + (k.split("/", 1)[1] if k.startswith("rollout/") else k): x for k, x in self.rollout.items()}
+        out.update({prefix + k: x for k, x in self.rates.items()})
+        return out
+
+
+@dataclass
+class HeldOut:
+    """An evaluation's episodes: ``episodes[k // samples]`` is episode k's (variant, item)."""
+
+    episodes: list[tuple[str, dict[str, Any]]]
+    samples: int
+    traj_refs: list[Any]
+    summaries: list[Any]
+    variants: dict[str, VariantResult]
+
+
+def evaluate_held_out(env_workers: list[Any], proxies: list[dict[str, Any]], items: list[dict[str, Any]],
+                      variants: list[str], samples: int, reward_module: Any, labels: tuple[str, ...],
+                      tag: str | None = None, progress: bool = False) -> HeldOut:
+    """``samples`` episodes of every item under every prompt variant, on the env workers behind ``proxies`` (the
+    engines' temperature is the caller's to set), summed up per variant. Episode (g, s) runs with the seed
+    `eval-<tag>-item<g>-sample<s>`, ``tag`` defaulting to the episode's prompt variant. The one evaluation path of
+    `rlsys eval` and of the training job's evaluations (`Job.evaluate`)."""
+    from jobs.episodes import DEFAULT_VARIANT, run_episodes, with_variants
     from rlsys.metrics import rollout_metrics
 
-    m = rollout_metrics(summaries, labels)
-    out: dict[str, Any] = {"episodes": len(summaries)}
-    out.update(outcome_rates(reward_module, items, summaries))
-    for key in ("rewards_mean", "failed_frac", "response_len_mean"):
-        if f"rollout/{key}" in m:
-            out[key] = m[f"rollout/{key}"]
-    out["errors"] = {k.removeprefix("error/"): v for k, v in m.items() if k.startswith("error/")}
-    return out
+    episodes = with_variants(items, variants)
+    traj_refs, summaries = run_episodes(
+        env_workers, proxies, [item for _, item in episodes], samples,
+        lambda w, p, item, g, s: w.run_episode.options(num_returns=2).remote(
+            p, item, g, s, f"eval-{item.get('prompt_variant', DEFAULT_VARIANT) if tag is None else tag}"
+                           f"-item{g}-sample{s}"),
+        progress=progress, desc="eval")
+    results = {}
+    for v in variants:
+        ks = [k for k in range(len(summaries)) if episodes[k // samples][0] == v]
+        mine = [summaries[k] for k in ks]
+        results[v] = VariantResult(episodes=len(mine), rollout=rollout_metrics(mine, labels),
+                                   rates=outcome_rates(reward_module, [episodes[k // samples][1] for k in ks], mine))
+    return HeldOut(episodes=episodes, samples=samples, traj_refs=traj_refs, summaries=summaries, variants=results)
 
 
 def collect_examples(traj_refs: list[Any], summaries: list[Any], episodes: list[tuple[str, dict[str, Any]]],
@@ -182,7 +235,7 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
     """Evaluate ``req.ckpt``; returns the report (what `--json` writes)."""
     import ray
 
-    from jobs.cluster import init_ray, run_episodes
+    from jobs.session import init_ray
     from rlsys.models.resolve import resolve_model
     from rlsys.plugins import load_agent, load_reward
 
@@ -192,16 +245,11 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
     reward_module = sys.modules[reward_fn.__module__]
     labels = tuple(getattr(reward_module, "OUTCOMES", ()))
     items, source = eval_items(cfg, req.n)
-    variants = [DEFAULT_VARIANT]
-    if req.perturb:
-        from rlsys.envs.tictactoe.prompt import PERTURBATIONS
-
-        variants += list(PERTURBATIONS)
-        if cfg.env.agent_fn != BUILTIN_AGENT:
-            print(f"rlsys eval: WARNING --perturb sets item['prompt_variant']; the agent {cfg.env.agent_fn} "
-                  "must read it (the built-in tic-tac-toe agent does), or every variant is the default prompt",
-                  file=sys.stderr, flush=True)
-    episodes = with_variants(items, variants)
+    variants = eval_variants(req.perturb)
+    if req.perturb and cfg.env.agent_fn != BUILTIN_AGENT:
+        print(f"rlsys eval: WARNING --perturb sets item['prompt_variant']; the agent {cfg.env.agent_fn} "
+              "must read it (the built-in tic-tac-toe agent does), or every variant is the default prompt",
+              file=sys.stderr, flush=True)
     model_path = resolve_model(cfg.model.ckpt)
 
     t0 = time.perf_counter()
@@ -211,24 +259,17 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
         rollout, proxy, env_workers = start_actors(cfg, model_path)
         ray.get(rollout.set_temperature.remote(req.temperature))
         t_start = time.perf_counter()
-        traj_refs, summaries = run_episodes(
-            env_workers, [proxy], [item for _, item in episodes], req.samples,
-            lambda w, p, item, g, s: w.run_episode.options(num_returns=2).remote(
-                p, item, g, s, f"eval-{item.get('prompt_variant', DEFAULT_VARIANT)}-item{g}-sample{s}"),
-            progress=cfg.logging.progress, desc="eval")
+        held_out = evaluate_held_out(env_workers, [proxy], items, variants, req.samples, reward_module, labels,
+                                     progress=cfg.logging.progress)
         t_episodes = time.perf_counter() - t_start
-        examples = collect_examples(traj_refs, summaries, episodes, req.samples)
-        del traj_refs
+        examples = collect_examples(held_out.traj_refs, held_out.summaries, held_out.episodes, req.samples)
+        held_out.traj_refs = []
     finally:
         _shutdown(rollout, env_workers)
         if owns_ray:
             ray.shutdown()
 
-    per_variant = {}
-    for v in variants:
-        ks = [k for k in range(len(summaries)) if episodes[k // req.samples][0] == v]
-        per_variant[v] = variant_metrics([summaries[k] for k in ks], [episodes[k // req.samples][1] for k in ks],
-                                         labels, reward_module)
+    per_variant = {v: result.report() for v, result in held_out.variants.items()}
     return {
         "ckpt": req.ckpt, "model_path": model_path, "boards": source, "num_boards": len(items),
         "samples": req.samples, "temperature": req.temperature, "agent": cfg.env.agent_fn,

@@ -168,7 +168,7 @@ def run_recipe(recipe: Recipe, run_dir: str | Path | None = None, cli_overrides:
     """Run every stage in one Ray session (embedded unless an address is set); returns the summary."""
     import ray
 
-    from jobs.cluster import init_ray
+    from jobs.session import init_ray
     from jobs.train import run_training
 
     t0 = time.perf_counter()

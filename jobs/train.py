@@ -1,7 +1,7 @@
 """The training driver: `python -m jobs.train --config FILE` (what `ray job submit` runs) or `rlsys train`.
 
 The loop reads like the algorithm: rollout, sleep, train, push weights, wake, log. Everything
-else lives in functions below it or in jobs/cluster.py. The driver passes ObjectRefs and never pulls
+else lives in functions below it or in jobs/job.py. The driver passes ObjectRefs and never pulls
 trajectories into its own process: it sees per-trajectory summaries (scalars) only.
 """
 from __future__ import annotations
@@ -29,7 +29,9 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
     marks = {**(marks or {}), "driver_entered": time.time()}  # the driver's own milestones, before Job.start's
     import ray
 
-    from jobs.cluster import Job, RayGauges, import_meanwhile, preflight
+    from jobs.items import preflight
+    from jobs.job import Job
+    from jobs.session import RayGauges, import_meanwhile
 
     marks["driver_imported"] = time.time()
     if cfg.logging.tensorboard:

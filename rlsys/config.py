@@ -408,7 +408,7 @@ class Config(_Section):
 
     def sleep_level(self, awake_fits: bool = False) -> int:
         """The engines' sleep level between rollout and training: 0 (`rollout.keep_awake`, or `auto` where
-        ``awake_fits``: the driver's memory check, `jobs.cluster.choose_sleep_level`), 2
+        ``awake_fits``: the driver's memory check, `jobs.engine_group.choose_sleep_level`), 2
         (`rollout.drop_rollout_state`) or 1."""
         r = self.rollout
         if r.keep_awake is True or (r.keep_awake == "auto" and awake_fits and not r.drop_rollout_state):

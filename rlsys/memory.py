@@ -48,7 +48,7 @@ MAX_DEVICE_SHARE = 0.95  # the job may not ask for more of the device than this
 
 
 class MemoryBudgetError(ValueError):
-    """The job does not fit its memory budget (jobs/cluster.py turns it into a ConfigError, exit 2)."""
+    """The job does not fit its memory budget (jobs/items.py turns it into a ConfigError, exit 2)."""
 
 
 # ------------------------------------------------------------------ model shapes

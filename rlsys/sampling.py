@@ -2,7 +2,7 @@
 
 A group (the `n_samples` episodes of one board) whose valid rewards all agree gets advantage 0 for every member
 (rlsys/algos/advantages.py): it costs a forward/backward and teaches nothing. Under `algo.dynamic_sampling` the
-rollout phase (`jobs.cluster.Job.rollout_until_full`) drops such groups and samples more boards until the batch
+rollout phase (`jobs.job.Job.rollout_until_full`) drops such groups and samples more boards until the batch
 holds `rollout.batch_size` groups with signal or `algo.max_sample_rounds` rounds were sampled:
 
     sieve = GroupSieve(want=batch_size, ...)

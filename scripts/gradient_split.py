@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlsys.algos import group_advantages
-from jobs.cluster import load_items
+from jobs.items import load_items
 from rlsys.config import load_config
 from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
 from rlsys.envs.tictactoe.reward import reward

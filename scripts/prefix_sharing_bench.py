@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from actors.learner import Learner
-from jobs.cluster import load_items
+from jobs.items import load_items
 from rlsys.config import load_config
 from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
 from rlsys.types import Segment, Trajectory

@@ -15,7 +15,7 @@ import time
 import torch
 from transformers import AutoTokenizer
 
-from jobs.cluster import load_items
+from jobs.items import load_items
 from rlsys.config import load_config
 from rlsys.engines import SamplingParams
 from rlsys.engines.transformers_engine import TransformersEngine

@@ -14,7 +14,7 @@ from collections import Counter
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jobs.cluster import load_eval_items
+from jobs.items import load_eval_items
 from rlsys.config import load_config
 from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
 

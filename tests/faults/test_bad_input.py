@@ -12,7 +12,7 @@ from tests.conftest import REPO, job_config
 
 
 def _refused(tmp_path, *overrides: str, **flags: str) -> str:
-    from jobs.cluster import preflight
+    from jobs.items import preflight
 
     with pytest.raises(UserInputError) as err:
         preflight(job_config(tmp_path, *overrides, **flags))

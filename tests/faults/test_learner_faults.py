@@ -41,7 +41,7 @@ def test_non_finite_loss_skips_the_optimizer_step(tmp_path, tiny_model_path):
 def test_canary_catches_wrong_and_missing_engine_weights(ray_local, tmp_path, tiny_model_path):
     import ray
 
-    from jobs.cluster import Job
+    from jobs.job import Job
     from rlsys.models.tiny import create_tiny_model
     from rlsys.weights.buckets import BucketPacker
     from rlsys.weights.transport import ObjectStoreTransport

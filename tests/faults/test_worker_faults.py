@@ -11,7 +11,7 @@ PLUGINS = __import__("pathlib").Path(__file__).resolve().parent / "plugins"
 
 
 def _job(tmp_path, plugin: str, *overrides: str, **flags: str):
-    from jobs.cluster import Job
+    from jobs.job import Job
 
     cfg = job_config(tmp_path, "env.agent_timeout_s=20", *overrides, n_samples="2", mini_bs="2",
                      agent_fn=f"{PLUGINS / plugin}:agent", reward_fn_path=f"{PLUGINS / 'bad_values.py'}:reward", **flags)

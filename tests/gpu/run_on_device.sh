@@ -58,7 +58,7 @@ step startup-eager-v1 ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager-v1 
 step machine ${MACHINE_S:-120} bash -c "nvidia-smi -q | grep -iE 'persistence mode|driver version|cuda version'; \
   uptime; free -g | head -2; for i in 1 2; do python3 -c 'import time; t=time.time(); import torch; \
 i=time.time(); torch.cuda.init(); print(f\"MEASURE import torch {i-t:.1f} s, CUDA init {time.time()-i:.1f} s\")'; done; \
-  python3 -c 'import time; t=time.time(); import jobs.cluster; print(f\"MEASURE import jobs.cluster {time.time()-t:.1f} s\")'"
+  python3 -c 'import time; t=time.time(); import jobs.job; print(f\"MEASURE import jobs.job {time.time()-t:.1f} s\")'"
 # eager again, with the engine core spawned (vLLM's own way in a Ray actor) instead of forked from rlsys's server
 step startup-eager-spawn ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager-spawn rollout.enforce_eager=true \
   rollout.engine_process=spawn)"

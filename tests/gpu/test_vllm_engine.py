@@ -64,7 +64,7 @@ def learner(gpu_tiny_path):
 
 @pytest.fixture(scope="module")
 def canary(gpu_tiny_path):
-    from jobs.cluster import canary_sequence
+    from jobs.weight_sync import canary_sequence
 
     return canary_sequence(gpu_tiny_path)
 

@@ -140,7 +140,7 @@ class _LearnerThatLosesABucket:
     ids=["skip", "partial"])
 def test_a_skipped_or_partial_push_fails_its_step(ray_gpu, tmp_path, gpu_tiny_path, monkeypatch, fault, fp32_master,
                                                   error):
-    from jobs.cluster import WeightSync
+    from jobs.weight_sync import WeightSync
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
 

@@ -112,7 +112,7 @@ def train_steps(cfg, check, steps: int = 2) -> None:
     the learner must train on at least one sequence every step."""
     import ray
 
-    from jobs.cluster import Job
+    from jobs.job import Job
 
     job = Job.start(cfg)
     try:

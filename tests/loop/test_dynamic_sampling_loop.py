@@ -27,7 +27,7 @@ def _cursor(run_dir, step: int) -> int:
 
 def test_dynamic_sampling_keeps_only_groups_with_signal_and_the_cursor_resumes_after_the_top_ups(
         ray_local, tmp_path, capsys):
-    from jobs.cluster import load_items
+    from jobs.items import load_items
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
     from rlsys.plugins import load_function

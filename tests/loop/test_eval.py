@@ -89,7 +89,7 @@ def _expected(boards: list[str]) -> dict[str, float]:
 
 
 def test_eval_rates_of_a_model_that_always_plays_5_match_the_boards(ray_local, fixed_model):
-    from jobs.cluster import load_eval_items
+    from jobs.items import load_eval_items
     from jobs.eval import EvalRequest, format_table, run_eval
     from rlsys.config import load_config
     from rlsys.envs.tictactoe import game
@@ -189,7 +189,7 @@ def test_run_directory_resolves_to_its_latest_checkpoint(tmp_path):
 def test_in_job_eval_with_perturb_reports_every_variant(ray_local, fixed_model, tmp_path):
     """`eval.perturb` in a training job: the default prompt under eval/*, each perturbation under
     eval/<variant>/*, each over the same held-out boards (the fixed model plays 5 whatever the prompt)."""
-    from jobs.cluster import load_eval_items
+    from jobs.items import load_eval_items
     from jobs.train import run_training
     from rlsys.envs.tictactoe.prompt import PERTURBATIONS
     from rlsys.metrics import read_metrics

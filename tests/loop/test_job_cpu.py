@@ -54,7 +54,7 @@ def test_three_steps_write_metrics_tensorboard_and_change_every_parameter(ray_lo
 def test_engine_samples_are_what_the_learner_trains_on_and_weights_match_after_push(ray_local, tmp_path):
     import ray
 
-    from jobs.cluster import Job
+    from jobs.job import Job
 
     cfg = job_config(tmp_path, agent_fn=str(PLUGINS / "recording_agent.py"),
                      reward_fn_path=str(PLUGINS / "length_reward.py"))
@@ -110,7 +110,7 @@ def test_raising_reward_and_hanging_agent_fail_their_trajectories_and_the_step_c
 
 
 def test_proxy_of_a_running_job_rejects_a_missing_or_wrong_token(ray_local, tmp_path):
-    from jobs.cluster import Job
+    from jobs.job import Job
 
     job = Job.start(job_config(tmp_path))
     try:

@@ -299,7 +299,7 @@ def rerenders_exactly(tokenizer, completion_ids: list[int]) -> bool:
 def test_real_model_sessions_match_the_engine_tokens_and_breaks_reach_the_metrics(ray_local, tmp_path, tokenizer):
     import ray
 
-    from jobs.cluster import Job
+    from jobs.job import Job
     from rlsys.metrics import rollout_metrics
     from tests.loop.conftest import job_config
 

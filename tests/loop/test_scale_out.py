@@ -33,7 +33,7 @@ def two_nodes(_ray_session):
 @pytest.mark.parametrize("transport", ["auto", "collective"])
 def test_world_size_two_places_trains_and_keeps_weights_equal(two_nodes, tmp_path, transport):
     ray = two_nodes
-    from jobs.cluster import Job
+    from jobs.job import Job
 
     cfg = job_config(tmp_path, "cluster.placement_strategy=SPREAD", "model.dtype=float32",
                      f"sync.transport={transport}", world_size="2",
@@ -93,7 +93,7 @@ def test_tensor_parallel_layout_one_engine_over_two_gpus_fed_by_both_ranks(two_g
     bundles' shares), two learner ranks on the two GPUs; after a step both ranks and the engine hold the same
     weights. On CPU the engine is the transformers one (no Ray workers), so rank 0 feeds it by the object store."""
     ray = two_gpus_one_node
-    from jobs.cluster import Job
+    from jobs.job import Job
     from rlsys.errors import UserInputError
 
     with pytest.raises(UserInputError, match="SPREAD.*one node"):
@@ -122,7 +122,7 @@ def test_tensor_parallel_layout_one_engine_over_two_gpus_fed_by_both_ranks(two_g
 
 def test_collective_transport_on_cpu_trains_keeps_weights_equal_and_fails_fast_on_a_broken_route(ray_local, tmp_path):
     ray = ray_local
-    from jobs.cluster import Job
+    from jobs.job import Job
     from rlsys.weights.collective import CollectiveRoute, CollectiveTicket
 
     cfg = job_config(tmp_path, "model.dtype=float32", "sync.transport=collective", max_steps="2",

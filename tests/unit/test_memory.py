@@ -156,7 +156,7 @@ def test_job_shape_follows_the_config(tmp_path):
 
 
 def test_preflight_refuses_an_over_budget_job_with_config_error(qwen15b_folder, tmp_path):
-    from jobs.cluster import check_memory_budget
+    from jobs.items import check_memory_budget
     from rlsys.config import ConfigError, load_config
 
     cfg = load_config(flags={"--ckpt": str(qwen15b_folder), "--gpu-memory-budget-gib": "24", "--mini-bs": "8",
@@ -269,7 +269,7 @@ def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tm
 
 
 def test_keep_awake_auto_stays_awake_only_where_vllm_and_the_learner_fit_side_by_side(qwen15b_folder, tmp_path):
-    from jobs.cluster import choose_sleep_level
+    from jobs.engine_group import choose_sleep_level
     from rlsys.config import load_config
 
     def cfg(*overrides, **flags):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import jobs.cluster as cluster
+import jobs.weight_sync as weight_sync
 
 
 class _Method:
@@ -24,9 +24,9 @@ class _Actor:
         self.score = _Method(lambda prompt, continuation: list(self.logprobs), self.calls)
 
 
-def _sync(engine_logprobs: list[float], every: int) -> tuple[cluster.WeightSync, _Actor, _Actor]:
+def _sync(engine_logprobs: list[float], every: int) -> tuple[weight_sync.WeightSync, _Actor, _Actor]:
     learner, engine = _Actor([-1.0, -2.0]), _Actor(engine_logprobs)
-    sync = cluster.WeightSync(learners=[learner], engines=[engine], sources=[0], transports=["object_store"],
+    sync = weight_sync.WeightSync(learners=[learner], engines=[engine], sources=[0], transports=["object_store"],
                               bucket_bytes=1 << 20, expected_count=1, canary_prompt=[1, 2],
                               canary_continuation=[3, 4], canary_tol=0.01, canary_every=every)
     return sync, learner, engine
@@ -34,7 +34,7 @@ def _sync(engine_logprobs: list[float], every: int) -> tuple[cluster.WeightSync,
 
 @pytest.fixture(autouse=True)
 def _no_ray(monkeypatch):
-    monkeypatch.setattr(cluster.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(weight_sync.ray, "get", lambda refs: refs)
 
 
 def test_canary_every_n_scores_the_start_and_every_nth_push():

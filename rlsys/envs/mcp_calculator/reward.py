@@ -1,7 +1,7 @@
 """The MCP calculator reward: 1.0 when the final answer is the item's number, else 0.0.
 
 `outcome` labels: 'correct', 'wrong' (a number, not the answer), 'no_answer' (no number, or the turn cap hit).
-`validate_item` is the job's check of every dataset line (jobs/cluster.py `item_validator`).
+`validate_item` is the job's check of every dataset line (jobs/items.py `item_validator`).
 """
 from __future__ import annotations
 

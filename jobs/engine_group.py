@@ -1,0 +1,68 @@
+"""The rollout engines as one group, and how deeply they sleep while the learner trains.
+
+Sleep level 0 keeps vLLM awake (its KV cache stays), 1 offloads its weights and drops the KV cache, 2 drops both;
+`choose_sleep_level` picks it from `rollout.keep_awake` and, for `auto`, from the memory estimate (rlsys/memory.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from rlsys.config import Config
+
+
+class EngineGroup:
+    """The rollout actors as one: sleep/wake all of them."""
+
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+
+    def sleep(self, level: int) -> dict[str, float]:
+        """Sleep every engine; returns their rollout counters (seconds generating: the longest engine; tokens
+        and requests: summed) and GPU memory in use before/after sleeping (the most any engine saw)."""
+        out: dict[str, float] = {}
+        for stats in ray.get([a.sleep.remote(level) for a in self.actors]):
+            for key, value in (stats or {}).items():
+                summed = key.startswith("perf/")
+                out[key] = out.get(key, 0.0) + value if summed else max(out.get(key, value), value)
+        return out
+
+    def wake(self) -> None:
+        """After the push: KV cache back, prefix cache reset (it was computed with the old weights)."""
+        ray.get([a.wake.remote(["kv_cache"]) for a in self.actors])
+
+
+
+AWAKE_DEVICE_SHARE = 0.9  # `rollout.keep_awake = auto`: vLLM's share + the learner's peak within this of the GPU
+
+
+def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]) -> tuple[int, str]:
+    """The engines' sleep level between rollout and training and why: `rollout.keep_awake` as set, or for `auto`
+    awake (0) when every engine is on a GPU and vLLM's share plus the learner's estimated peak fit within
+    AWAKE_DEVICE_SHARE of the device (always true under `rollout.gpu_memory_budget_gib`, which caps both)."""
+    from rlsys.memory import GIB, MemoryBudgetError, budget_split, job_estimate
+
+    r = cfg.rollout
+    if r.keep_awake != "auto":
+        return cfg.sleep_level(), f"rollout.keep_awake={str(r.keep_awake).lower()}"
+    if r.drop_rollout_state:
+        return cfg.sleep_level(), "rollout.drop_rollout_state"
+    if not all(i.get("on_gpu") and i.get("device_bytes") and i.get("engine_bytes") for i in infos):
+        return cfg.sleep_level(), "keep_awake auto: engines not on a GPU"
+    device = min(i["device_bytes"] for i in infos)
+    engine = max(i["engine_bytes"] for i in infos)  # what each engine was given (actors/rollout.py)
+    try:
+        split = budget_split(cfg, model_path)
+        if split is not None:
+            return cfg.sleep_level(awake_fits=True), (
+                f"keep_awake auto: the {r.gpu_memory_budget_gib:g} GiB budget caps vLLM and the learner side by side")
+        learner = job_estimate(cfg, model_path).learner_bytes
+    except (MemoryBudgetError, OSError, KeyError, ValueError) as err:  # no estimate for this model: play safe
+        first = str(err).splitlines()[0] if str(err) else ""
+        return cfg.sleep_level(), f"keep_awake auto: no memory estimate ({type(err).__name__}: {first})"
+    need = learner + engine
+    fits = need <= AWAKE_DEVICE_SHARE * device
+    return cfg.sleep_level(awake_fits=fits), (
+        f"keep_awake auto: vLLM {engine / GIB:.1f} GiB + learner ~{learner / GIB:.1f} GiB estimated "
+        f"{'within' if fits else 'over'} {AWAKE_DEVICE_SHARE:.0%} of {device / GIB:.1f} GiB")
