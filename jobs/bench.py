@@ -1,4 +1,4 @@
-"""Benchmarks of the job: `python -m jobs.bench {step,proxy,sync} ...` (docs/performance.md has the commands).
+"""Benchmarks of the job: `python -m jobs.bench {step,proxy,sync,cpu-decode} ...` (docs/performance.md: the commands).
 
 `step`: N steps of a config through the real job (jobs/train.py's `run_training`, Ray actors and all), then the
 step-time breakdown from metrics.jsonl over the steps after the warm-up: generation (seconds the engine had a
@@ -17,6 +17,10 @@ with an engine that answers at once (`--new-tokens` random ids), called by the t
 client from this process (`--requests` at once, `--boards` distinct boards, i.e. requests/boards samples of each);
 the server process's CPU seconds per request (`time.process_time`). `--http h11` and `--render-cache 0` measure
 the proxy without httptools and without its render cache. CPU only, no Ray.
+
+`cpu-decode`: the CPU engine's generate on the main job's rollout (configs/tictactoe-tiny-gspo.toml: 8 boards x 8
+samples, the tic-tac-toe prompts, its temperature/top-p/max_new_tokens, the tiny model), with the transformers loop
+(old) and rlsys/engines/cpu_decode.py (new) alternating; tokens/s of both, the ratio, and how many answers are equal.
 
 `sync`: the weight push learner -> vLLM on one GPU, without Ray in between (the learner side runs in this
 process, vLLM's engine core in its own, so the CUDA IPC crosses processes as in a job). Per push:
@@ -576,6 +580,81 @@ def print_proxy_table(r: dict[str, Any]) -> None:
     print(f"prompts identical on both paths: {r['prompts_match']}")
 
 
+# ------------------------------------------------------------------ cpu-decode: the CPU engine's two decode loops
+def bench_cpu_decode(args: argparse.Namespace) -> dict[str, Any]:
+    """Tokens/s of ``TransformersEngine`` with its transformers loop (old) and rlsys/engines/cpu_decode.py (new) on
+    the main job's rollout shape; rounds alternate which loop goes first, so drift from other load favours neither."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlsys.config import load_config
+    from rlsys.engines import SamplingParams
+    from rlsys.engines.transformers_engine import TransformersEngine
+    from rlsys.envs.tictactoe.dataset import make_dataset
+    from rlsys.models.resolve import resolve_model
+
+    r = load_config(args.config).rollout
+    boards = args.boards or r.batch_size
+    samples = args.samples or r.n_samples
+    new_tokens = args.max_new_tokens or r.max_new_tokens
+    temperature = r.temperature if args.temperature is None else args.temperature
+    top_p = r.top_p if args.top_p is None else args.top_p
+    model_path = resolve_model(args.model)
+    prompts = tictactoe_prompts(make_dataset(boards, seed=0), AutoTokenizer.from_pretrained(model_path))
+    threads = args.threads or max(1, os.cpu_count() or 1)
+    # batch_wait_s=0: the gathered calls are all queued before the batcher runs, so each round is one batch
+    engines = {name: TransformersEngine(model_path, max_batch_size=boards * samples, batch_wait_s=0.0, seed=0,
+                                        num_threads=threads, fast_decode=fast)
+               for name, fast in (("old", False), ("new", True))}
+
+    async def one_round(engine: Any, seed: int) -> tuple[float, list[Any]]:
+        calls = [engine.generate(p, SamplingParams(max_new_tokens=new_tokens, temperature=temperature, top_p=top_p,
+                                                   seed=seed * 1000 + g * 100 + s))
+                 for g, p in enumerate(prompts) for s in range(samples)]
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*calls)
+        return time.perf_counter() - t0, outs
+
+    async def rounds() -> list[dict[str, Any]]:
+        for engine in engines.values():
+            await one_round(engine, 10**6)  # warm-up: allocator, kernels, the fused weights
+        out = []
+        for k in range(args.rounds):
+            order = list(engines) if k % 2 == 0 else list(engines)[::-1]
+            timed = {name: await one_round(engines[name], k) for name in order}
+            row: dict[str, Any] = {}
+            for name, (wall, outs) in timed.items():
+                row[f"{name}_tokens"] = sum(len(o.token_ids) for o in outs)
+                row[f"{name}_s"] = wall
+                row[f"{name}_tps"] = row[f"{name}_tokens"] / wall
+            row["same_answers"] = sum(a.token_ids == b.token_ids for a, b in zip(timed["old"][1], timed["new"][1]))
+            out.append(row)
+        for engine in engines.values():
+            await engine.shutdown()
+        return out
+
+    timed = asyncio.run(rounds())
+    old_tps = statistics.median(x["old_tps"] for x in timed)
+    new_tps = statistics.median(x["new_tps"] for x in timed)
+    return {"model": args.model, "threads": threads, "torch_threads": torch.get_num_threads(), "boards": boards,
+            "samples": samples, "answers": boards * samples, "max_new_tokens": new_tokens,
+            "temperature": temperature, "top_p": top_p, "prompt_tokens": statistics.fmean(len(p) for p in prompts),
+            "rounds": timed, "old_tps": old_tps, "new_tps": new_tps, "ratio": new_tps / old_tps,
+            "same_answers": sum(x["same_answers"] for x in timed) / (len(timed) * boards * samples)}
+
+
+def print_cpu_decode(r: dict[str, Any]) -> None:
+    print(f"\ncpu decode, {r['model']}: {r['answers']} answers ({r['boards']} boards x {r['samples']}), "
+          f"{r['prompt_tokens']:.0f}-token prompts, max_new_tokens {r['max_new_tokens']}, T {r['temperature']}, "
+          f"top-p {r['top_p']}, {r['threads']} threads")
+    print(f"{'round':<7}{'old tok/s':>11}{'new tok/s':>11}{'ratio':>8}{'old s':>8}{'new s':>8}{'same':>6}")
+    for k, x in enumerate(r["rounds"]):
+        print(f"{k:<7}{x['old_tps']:11.0f}{x['new_tps']:11.0f}{x['new_tps'] / x['old_tps']:8.2f}{x['old_s']:8.3f}"
+              f"{x['new_s']:8.3f}{x['same_answers']:6d}")
+    print(f"median: old {r['old_tps']:.0f} tok/s, new {r['new_tps']:.0f} tok/s, ratio {r['ratio']:.2f} [goal >= 5]; "
+          f"identical answers {r['same_answers']:.1%}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -618,6 +697,17 @@ def main(argv: list[str] | None = None) -> int:
     sync.add_argument("--out", help="write the results as JSON here")
     cmp = sub.add_parser("compare", help="`step` results side by side (a scale-out table, markdown)")
     cmp.add_argument("runs", nargs="+", metavar="NAME=FILE.json", help="bench step JSONs; the first is the baseline")
+    dec = sub.add_parser("cpu-decode", help="the CPU engine's decode loops, old vs new, on the main job's rollout")
+    dec.add_argument("--config", default="configs/tictactoe-tiny-gspo.toml", help="rollout shape and sampling")
+    dec.add_argument("--model", default="rlsys:tiny", help="any model.ckpt value")
+    dec.add_argument("--rounds", type=int, default=5, help="timed (old, new) pairs after a warm-up")
+    dec.add_argument("--boards", type=int, help="prompts (default: the config's rollout.batch_size)")
+    dec.add_argument("--samples", type=int, help="answers per prompt (default: rollout.n_samples)")
+    dec.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
+    dec.add_argument("--temperature", type=float, help="default: rollout.temperature")
+    dec.add_argument("--top-p", type=float, help="default: rollout.top_p")
+    dec.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    dec.add_argument("--out", help="write the results as JSON here")
     build = sub.add_parser("model", help="build a named bench model; prints its folder")
     build.add_argument("--model", required=True, help=models)
     build.add_argument("--cache", default="/tmp/rlsys-bench")
@@ -636,6 +726,12 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError) as err:
                 parser.error(f"compare: {path}: {err}")
         print(compare_table(runs))
+        return 0
+    if args.command == "cpu-decode":
+        result = bench_cpu_decode(args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2))
+        print_cpu_decode(result)
         return 0
     if args.command == "proxy-cpu":
         result = bench_proxy_cpu(args)
