@@ -127,6 +127,7 @@ class Learner:
         self.optimizer_steps = 0
         self._packer: BucketPacker | None = None
         self._fused_pack = None  # FusedPack over the packer, made by the first export
+        self._transports: dict[str, Any] = {}  # transport name -> its object (`open_transports`)
         low, high = cfg.algo.clip_eps()
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
@@ -412,14 +413,19 @@ class Learner:
             buckets = self._fused_pack.buckets
         else:
             buckets = self._fused_pack.pack(named)  # one fused copy into the reused buffers
-        # one transport object per name for the learner's lifetime: cuda_ipc makes each buffer's handle once,
-        # collective keeps its joined groups
-        transports = self.__dict__.setdefault("_transports", {})
-        if transport not in transports:
-            transports[transport] = make_transport(transport)
+        if transport not in self._transports:  # a caller outside a job, which opened none (`open_transports`)
+            self.open_transports([transport])
         if transport == "collective":
-            return transports[transport].export(buckets, route)
-        return transports[transport].export(buckets)
+            return self._transports[transport].export(buckets, route)
+        return self._transports[transport].export(buckets)
+
+    def open_transports(self, names: list[str]) -> None:
+        """The transports this rank exports by, from the job's route plan (rlsys/weights/routes.py), opened once at
+        job start and kept for the learner's lifetime: cuda_ipc makes each buffer's handle once, collective keeps
+        its joined groups."""
+        for name in names:
+            if name not in self._transports:
+                self._transports[name] = make_transport(name)
 
     def weight_plan(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list:
         """The bucket layout every push uses (list of buckets, each a list of `TensorMeta`): what a collective

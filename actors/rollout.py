@@ -128,16 +128,17 @@ class EngineClock:
 class RolloutWorker:
     def __init__(self, cfg: Config, model_path: str, *, api_token: str | None = None,
                  num_threads: int | None = None, transport: str | None = None) -> None:
-        """``transport``: how weights arrive. `auto` (or unset with `sync.transport = auto`) is resolved in
-        `start`, where the engine is known: CUDA IPC for a vLLM engine, the object store otherwise; the driver
-        then sets the transport the placement calls for (`set_transport`)."""
+        """``transport``: how weights arrive until the driver gives the engine its route (`set_route`, before the
+        first push; the route is decided by rlsys/weights/routes.py `plan_routes`): by default the object store,
+        which works everywhere."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.cfg = cfg
         self.model_path = model_path
         self.api_token = api_token or secrets.token_urlsafe(24)
         self.recorder = SessionRecorder()
-        self._transport_name = transport or cfg.sync.transport
+        self._transport_name = transport or "object_store"
+        self.route = None  # the driver's EngineRoute (`set_route`)
         self.transport = None
         self.engine = None
         self.server = None
@@ -163,8 +164,6 @@ class RolloutWorker:
         # engine_build_s: the imports above and the engine's constructor
         self._startup = {"start_called_at": began, "engine_build_s": time.time() - began,
                          "engine_ready_at": time.time()}
-        if self._transport_name == "auto":
-            self._transport_name = "cuda_ipc" if self._engine_kind == "vllm" else "object_store"
         self.transport = make_transport(self._transport_name)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         r = self.cfg.rollout
@@ -191,8 +190,8 @@ class RolloutWorker:
             device_bytes = device_total_bytes()
             engine_bytes = int(self.engine.memory_fraction * device_bytes) + CONTEXT_BYTES
         # "on_gpu": the engine's weights live on a GPU (vLLM); with "node_id" and Ray's "gpu_ids" (or, for
-        # vLLM's Ray executor, "workers") the driver picks the weight transport (jobs/placement.py) and calls
-        # `set_transport`
+        # vLLM's Ray executor, "workers") the driver plans the weight route (rlsys/weights/routes.py) and calls
+        # `set_route`
         return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self._transport_name,
                 "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm", "workers": workers,
                 "ray_executor": self._engine_kind == "vllm" and self.cfg.vllm_ray_executor(),
@@ -204,11 +203,13 @@ class RolloutWorker:
 
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
-    async def set_transport(self, name: str) -> None:
-        """How weights arrive from now on (the driver's choice by placement: cuda_ipc, collective, object_store)."""
-        if name != self._transport_name:
-            self._transport_name = name
-            self.transport = make_transport(name)
+    async def set_route(self, route: Any) -> None:
+        """How weights arrive from now on: the driver's `EngineRoute` for this engine (rlsys/weights/routes.py),
+        given once at job start."""
+        self.route = route
+        if route.transport != self._transport_name:
+            self._transport_name = route.transport
+            self.transport = make_transport(route.transport)
 
     async def set_temperature(self, temperature: float | None) -> None:
         """Sampling temperature of requests that name none (evaluation is greedy); None = the config's."""

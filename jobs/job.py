@@ -20,7 +20,7 @@ from jobs.episodes import DEFAULT_VARIANT, run_episodes
 from jobs.eval import eval_variants, evaluate_held_out
 from jobs.items import preflight
 from jobs.session import import_meanwhile, init_ray, job_namespace, wait_for_stale_actors
-from jobs.weight_sync import WeightSync, canary_sequence, choose_transports
+from jobs.weight_sync import WeightSync, canary_sequence, route_weights
 from rlsys import checkpoint as ckpt
 from rlsys.config import Config, dump_config
 from rlsys.data import ItemStream
@@ -91,7 +91,9 @@ class Job:
                 ray.kill(worker, no_restart=True)
             raise
         feeders = placed.feeders or [[r] for r in sources]
-        transports, per_gpu, backend = choose_transports(cfg, learners, placed.rollouts, feeders, infos)
+        plan = route_weights(cfg.sync.transport, learners, placed.rollouts, feeders, infos)
+        transports = [route.transport for route in plan.routes]
+        per_gpu = [list(route.per_gpu) if route.per_gpu else None for route in plan.routes]
         proxies = [{**info, "transport": t, "actor": r} for info, t, r in zip(infos, transports, placed.rollouts)]
         print(f"rlsys: {len(learners)} learner rank(s), {len(infos)} engine(s); weights by "
               f"{', '.join(sorted(set(transports)))}", flush=True)
@@ -104,7 +106,8 @@ class Job:
             learners=learners, engines=placed.rollouts, sources=sources, transports=transports, per_gpu=per_gpu,
             bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
             canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
-            canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every, collective_backend=backend,
+            canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every,
+            collective_backend=plan.collective_backend,
             canary_follow=not cfg.learner.fp32_master,
         )
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle, replay_frac=cfg.data.signal_replay)

@@ -12,7 +12,7 @@ workers run on CPU, outside the bundles, on the node of the engine they call.
 The driver sees the same `Placement` either way; Ray with fake GPUs (`num_gpus` on a CPU box) exercises
 the GPU layout on CPU with the transformers engine and the object store (tests/loop/test_scale_out.py).
 How weights travel is chosen per engine from where its source rank and it actually landed
-(`choose_engine_transport`, called by the driver once the engines report their workers' devices).
+(rlsys/weights/routes.py `plan_routes`, called by the driver once the engines report their workers' devices).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
     token = secrets.token_urlsafe(24)
     learner = ray.remote(Learner).options(name="learner-0", num_cpus=0).remote(cfg, model_path, num_threads=threads)
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024).remote(
-        cfg, model_path, api_token=token, num_threads=threads, transport=cfg.sync.transport)
+        cfg, model_path, api_token=token, num_threads=threads)
     return Placement(learners=[learner], rollouts=[rollout], sources=[0], canary_tol=canary_tolerance(cfg, gpu=False))
 
 
@@ -151,7 +151,7 @@ def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:
     feeders = engine_bundles(c.world_size, c.tp_size)  # rank r sits in bundle r
     rollouts = [ray.remote(RolloutWorker).options(
         name=f"rollout-{e}", num_cpus=0, max_concurrency=1024, **rollout_placement(cfg, pg, bundles)).remote(
-        cfg, model_path, api_token=token, transport=cfg.sync.transport) for e, bundles in enumerate(feeders)]
+        cfg, model_path, api_token=token) for e, bundles in enumerate(feeders)]
     return Placement(learners=learners, rollouts=rollouts, sources=[f[0] for f in feeders], feeders=feeders,
                      canary_tol=canary_tolerance(cfg, gpu=True), placement_group=pg)
 
@@ -171,68 +171,3 @@ def gpu_actor_env() -> dict[str, str]:
     repo = str(Path(__file__).resolve().parent.parent)
     path = os.pathsep.join(dict.fromkeys(filter(None, [repo, *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
     return {**GPU_ACTOR_ENV, "PYTHONPATH": path}
-
-
-def choose_transport(requested: str, learner: dict[str, Any], engine: dict[str, Any]) -> tuple[str, str]:
-    """(transport, why) for one engine fed by one learner rank. ``learner`` / ``engine``: where the weights
-    live, {"node_id", "gpu_ids" (Ray's), "on_gpu"} (`Learner.device_where`, `RolloutWorker.start`).
-
-    `auto`: both on GPUs and on the same one (same node, same single GPU id) -> cuda_ipc; both on GPUs
-    elsewhere (another GPU or node) -> collective (NCCL broadcast); otherwise (CPU, or a CPU engine) ->
-    object_store. An explicit `cuda_ipc` falls back to object_store without GPUs (as the CPU layout always did)
-    and is refused for learner and engine on different GPUs, here rather than at the first push.
-    """
-    on_gpus = bool(learner.get("on_gpu")) and bool(engine.get("on_gpu"))
-    same_node = learner.get("node_id") == engine.get("node_id")
-    if learner.get("gpu_uuid") and engine.get("gpu_uuid"):  # the physical GPU, whatever each process calls it
-        same_gpu = on_gpus and same_node and learner["gpu_uuid"] == engine["gpu_uuid"]
-    else:
-        gpus = list(learner.get("gpu_ids") or [])
-        same_gpu = on_gpus and same_node and len(gpus) == 1 and gpus == list(engine.get("gpu_ids") or [])
-    where = ("the same GPU" if same_gpu else "different GPUs on one node" if on_gpus and same_node
-             else "different nodes" if on_gpus else "CPU (learner or engine not on a GPU)")
-    if requested == "auto":
-        if same_gpu:
-            return "cuda_ipc", where
-        return ("collective", where + ": NCCL broadcast") if on_gpus else ("object_store", where)
-    if requested == "cuda_ipc" and not on_gpus:  # as before: the CPU layout has no CUDA to share
-        return "object_store", f"{where}: cuda_ipc needs CUDA, weights go through the object store"
-    if requested == "cuda_ipc" and not same_gpu:
-        raise UserInputError(f"sync.transport=cuda_ipc needs learner and engine on one GPU, but they are on {where}; "
-                             "use auto (chooses collective or object_store) or collective")
-    if requested == "collective" and same_gpu:  # NCCL refuses two ranks on one device ("Duplicate GPU detected")
-        raise UserInputError("sync.transport=collective broadcasts between GPUs, but learner and engine share one "
-                             "GPU; use auto (cuda_ipc there) or cuda_ipc")
-    backend = " (nccl)" if on_gpus else " (gloo)"
-    return requested, f"{where}, as configured" + (backend if requested == "collective" else "")
-
-
-def choose_engine_transport(requested: str, feeders: dict[int, dict[str, Any]],
-                            engine: dict[str, Any]) -> tuple[str, str, list[tuple[int, str]] | None]:
-    """(transport, why, per_gpu) for one engine fed by the learner ranks on its GPUs (``feeders``: rank ->
-    `Learner.device_where`; ``engine``: `RolloutWorker.start`'s answer). One worker in the engine's own
-    process (tp_size 1, or a CPU engine): `choose_transport` for it and the first feeder, per_gpu None. vLLM's
-    Ray executor: each worker is matched with the rank on its GPU; all matched -> cuda_ipc with per_gpu =
-    [(rank, GPU uuid)] per worker (a `PerGpuPayload`); a one-worker engine elsewhere -> `choose_transport`; a
-    tensor-parallel engine elsewhere -> the object store (every worker loads the whole CPU buckets; a NCCL
-    route would need a group rank per worker, not built), and an explicit cuda_ipc or collective is refused."""
-    first = min(feeders)
-    workers = [{"node_id": w.get("node_id"), "on_gpu": True, "gpu_uuid": w.get("gpu_uuid")}
-               for w in engine.get("workers") or []]
-    if not engine.get("ray_executor"):
-        return (*choose_transport(requested, feeders[first], workers[0] if workers else engine), None)
-    matched = [next((r for r, f in sorted(feeders.items()) if f.get("on_gpu") and f.get("gpu_uuid") == w["gpu_uuid"]
-                     and f.get("node_id") == w["node_id"]), None) for w in workers]
-    if workers and None not in matched and requested in ("auto", "cuda_ipc"):
-        return "cuda_ipc", f"{len(workers)} vLLM Ray worker(s), each on a learner rank's GPU", [
-            (r, w["gpu_uuid"]) for r, w in zip(matched, workers)]
-    if len(workers) == 1:
-        return (*choose_transport(requested, feeders[first], workers[0]), None)
-    if requested == "object_store":
-        return "object_store", f"{len(workers)} tensor-parallel workers, as configured", None
-    if requested in ("cuda_ipc", "collective"):
-        raise UserInputError(f"sync.transport={requested}: the {len(workers)} workers of a tensor-parallel engine are "
-                             "not each on a learner rank's GPU (cuda_ipc), and NCCL routes to tensor-parallel "
-                             "workers are not built; use auto (the object store)")
-    return "object_store", f"{len(workers)} tensor-parallel workers not each on a learner rank's GPU", None
-

@@ -1,5 +1,6 @@
-"""Weights from the learner ranks to the rollout engines (`WeightSync.push`), the transport per engine
-(`choose_transports`), and the stale-weights canary that checks every push landed (`WeightSync.check_canary`).
+"""Weights from the learner ranks to the rollout engines (`WeightSync.push`), by routes planned once at job start
+(`route_weights`: rlsys/weights/routes.py's plan, given to both sides), and the stale-weights canary that checks
+every push landed (`WeightSync.check_canary`).
 
 The canary is a fixed tic-tac-toe chat (`canary_sequence`) whose logprobs the engines and the learner must agree on
 within a tolerance (jobs/placement.py `canary_tolerance`), and, between checks, move together (`canary_movement`).
@@ -7,11 +8,12 @@ within a tolerance (jobs/placement.py `canary_tolerance`), and, between checks, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from rlsys.config import Config
+if TYPE_CHECKING:
+    from rlsys.weights.routes import RoutePlan
 
 
 @dataclass
@@ -19,7 +21,7 @@ class WeightSync:
     """Learners -> engines, behind one call (`push`), then the canary (`check_canary`).
 
     Engine i is fed by learner rank `sources[i]`, the rank on its GPU (or node), by the transport the placement
-    chose for that pair (`jobs.placement.choose_engine_transport`); all ranks hold the same weights, so any rank
+    chose for that pair (rlsys/weights/routes.py `plan_routes`); all ranks hold the same weights, so any rank
     is a correct source. An engine of vLLM Ray workers fed by CUDA IPC (`per_gpu[i]`) gets the handles of every
     worker's rank at once, and each worker opens those of its own GPU. `collective` routes (one group per source
     rank and the engines it feeds) are opened on the first push: the bucket plan goes to the engines once, then
@@ -165,26 +167,21 @@ def mean_abs_diff(a: list[float], b: list[float]) -> float:
 
 
 
-def choose_transports(cfg: Config, learners: list[Any], rollouts: list[Any], feeders: list[list[int]],
-                      infos: list[dict[str, Any]]) -> tuple[list[str], list[Any], str]:
-    """Per engine, the transport from the learner ranks on its GPUs (`sync.transport`, `auto` resolved by where
-    both landed: `jobs.placement.choose_engine_transport`) and, for vLLM Ray workers fed by CUDA IPC, the
-    (rank, GPU uuid) of each worker; set on the engine and logged. Also the collective routes' backend (nccl
-    when learners and engines are on GPUs, else gloo)."""
-    from jobs.placement import choose_engine_transport  # noqa: PLC0415 (the actors' modules: not at jobs.weight_sync's import)
+def route_weights(requested: str, learners: list[Any], rollouts: list[Any], feeders: list[list[int]],
+                  infos: list[dict[str, Any]]) -> RoutePlan:
+    """The job's weight routes, decided once: where each learner rank's weights live (`Learner.device_where`) and
+    what each engine reported (``infos``) into `plan_routes` (``requested``: `sync.transport`); each route is
+    logged and given to both sides, the engine (`set_route`) and the learner ranks that feed it
+    (`open_transports`), before the first push."""
+    from rlsys.weights.routes import plan_routes  # noqa: PLC0415 (rlsys.weights imports torch: not at import)
 
     wheres = ray.get([rank.device_where.remote() for rank in learners])
-    transports, per_gpu = [], []
-    for i, (info, ranks) in enumerate(zip(infos, feeders)):
-        transport, why, shards = choose_engine_transport(cfg.sync.transport, {r: wheres[r] for r in ranks}, info)
-        fed_by = ", ".join(f"learner-{r}" for r, _ in shards) if shards else f"learner-{ranks[0]}"
-        print(f"rlsys: weights {fed_by} -> rollout-{i}: {transport} ({why})", flush=True)
-        transports.append(transport)
-        per_gpu.append(shards)
-    ray.get([rollout.set_transport.remote(t) for rollout, t in zip(rollouts, transports)])
-    on_gpus = all(w["on_gpu"] for w in wheres) and all(info.get("on_gpu") for info in infos)
-    return transports, per_gpu, "nccl" if on_gpus else "gloo"
-
+    plan = plan_routes(requested, wheres, feeders, infos)
+    for i, route in enumerate(plan.routes):
+        print(f"rlsys: weights {route.fed_by()} -> rollout-{i}: {route.transport} ({route.why})", flush=True)
+    ray.get([rollout.set_route.remote(route) for rollout, route in zip(rollouts, plan.routes)]
+            + [rank.open_transports.remote(plan.transports_of(r)) for r, rank in enumerate(learners)])
+    return plan
 
 
 def canary_sequence(model_path: str) -> tuple[list[int], list[int]]:

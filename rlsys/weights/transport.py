@@ -371,7 +371,7 @@ def make_transport(name: str) -> ObjectStoreTransport | CudaIpcTransport | Colle
     """`object_store`/`auto` -> ObjectStoreTransport, `cuda_ipc` -> CudaIpcTransport, `collective` ->
     CollectiveTransport (rlsys/weights/collective.py).
 
-    `auto` is resolved per engine by the placement (jobs/placement.py `choose_transport`), which knows whether
+    `auto` is resolved per engine by the route plan (rlsys/weights/routes.py `plan_routes`), which knows whether
     learner and engine share a GPU; on its own it means the transport that works everywhere.
     """
     if name in ("object_store", "auto"):

@@ -1,5 +1,5 @@
 """The `collective` weight transport on CPU (gloo) between two real processes, its timeouts, and how
-`choose_transport` picks a transport from where learner and engine landed."""
+`plan_routes` (rlsys/weights/routes.py) picks each engine's transport from where learner and engine landed."""
 from __future__ import annotations
 
 import io
@@ -114,7 +114,7 @@ def _where(node: str, gpus: list[str], on_gpu: bool) -> dict:
 
 
 def test_auto_picks_cuda_ipc_on_one_gpu_collective_across_gpus_and_object_store_on_cpu():
-    from jobs.placement import choose_transport
+    from rlsys.weights.routes import choose_transport
 
     learner = _where("n1", ["0"], True)
     assert choose_transport("auto", learner, _where("n1", ["0"], True))[0] == "cuda_ipc"
@@ -128,7 +128,7 @@ def test_auto_picks_cuda_ipc_on_one_gpu_collective_across_gpus_and_object_store_
 
 
 def test_explicit_transports_are_kept_and_cuda_ipc_across_gpus_is_refused():
-    from jobs.placement import choose_transport
+    from rlsys.weights.routes import choose_transport
     from rlsys.errors import UserInputError
 
     cpu = _where("n1", [], False)
@@ -161,7 +161,7 @@ def test_engine_bundles_give_each_engine_its_consecutive_gpus():
 
 
 def test_a_tensor_parallel_engine_gets_each_worker_the_rank_on_its_gpu():
-    from jobs.placement import choose_engine_transport
+    from rlsys.weights.routes import choose_engine_transport
 
     feeders = {2: _rank("n1", "GPU-b"), 3: _rank("n1", "GPU-c")}
     # workers listed in another order than the ranks: matched by GPU, not by position
@@ -172,7 +172,7 @@ def test_a_tensor_parallel_engine_gets_each_worker_the_rank_on_its_gpu():
 
 
 def test_a_tensor_parallel_engine_off_its_ranks_gpus_falls_back_to_the_object_store_or_is_refused():
-    from jobs.placement import choose_engine_transport
+    from rlsys.weights.routes import choose_engine_transport
     from rlsys.errors import UserInputError
 
     feeders = {0: _rank("n1", "GPU-a"), 1: _rank("n1", "GPU-b")}
@@ -190,7 +190,7 @@ def test_a_tensor_parallel_engine_off_its_ranks_gpus_falls_back_to_the_object_st
 
 
 def test_an_engine_in_its_own_process_decides_by_gpu_uuid_and_cpu_engines_as_before():
-    from jobs.placement import choose_engine_transport
+    from rlsys.weights.routes import choose_engine_transport
 
     # vLLM with its worker in the engine process: the same physical GPU though Ray ids would differ
     engine = _vllm_engine([("n1", "GPU-a")], ray_executor=False)
@@ -228,3 +228,29 @@ def test_rollout_actor_options_put_vllm_ray_workers_on_the_engine_bundles():
     assert not one["scheduling_strategy"].placement_group_capture_child_tasks
     ray_at_tp1 = rollout_placement(load_config(overrides=["rollout.executor=ray"]), pg, [0])
     assert ray_at_tp1["runtime_env"]["env_vars"]["VLLM_RAY_BUNDLE_INDICES"] == "0"
+
+
+def test_the_route_plan_gives_every_engine_its_route_and_every_rank_its_transports():
+    from rlsys.weights.routes import EngineRoute, plan_routes
+
+    # two GPUs on one node, engine e on rank e's GPU: CUDA IPC each, ranks on GPUs -> nccl for any collective route
+    ranks = [_rank("n1", "GPU-a"), _rank("n1", "GPU-b")]
+    engines = [_vllm_engine([("n1", "GPU-a")], ray_executor=False), _vllm_engine([("n1", "GPU-b")], ray_executor=False)]
+    plan = plan_routes("auto", ranks, [[0], [1]], engines)
+    assert plan.routes == (EngineRoute("cuda_ipc", 0, "the same GPU"), EngineRoute("cuda_ipc", 1, "the same GPU"))
+    assert plan.collective_backend == "nccl" and plan.transports_of(0) == plan.transports_of(1) == ["cuda_ipc"]
+    # engine 1 on a third GPU: a broadcast from rank 1; rank 0 feeds only its own GPU's engine
+    plan = plan_routes("auto", ranks, [[0], [1]], [engines[0], _vllm_engine([("n1", "GPU-z")], ray_executor=False)])
+    assert [r.transport for r in plan.routes] == ["cuda_ipc", "collective"]
+    assert plan.transports_of(0) == ["cuda_ipc"] and plan.transports_of(1) == ["collective"]
+    # a tensor-parallel engine over both ranks' GPUs: one route with a shard per worker, fed by both ranks
+    plan = plan_routes("auto", ranks, [[0, 1]], [_vllm_engine([("n1", "GPU-b"), ("n1", "GPU-a")])])
+    (route,) = plan.routes
+    assert route.per_gpu == ((1, "GPU-b"), (0, "GPU-a")) and route.fed_by() == "learner-1, learner-0"
+    assert plan.transports_of(0) == plan.transports_of(1) == ["cuda_ipc"]
+    # CPU: the object store, gloo for a configured collective route, and a rank that feeds nothing opens nothing
+    cpu = _where("n1", [], False)
+    plan = plan_routes("collective", [cpu, cpu], [[0]], [cpu])
+    assert plan.routes[0].transport == "collective" and plan.collective_backend == "gloo"
+    assert plan.transports_of(1) == [] and plan.routes[0].fed_by() == "learner-0"
+    assert plan_routes("auto", [cpu], [[0]], [cpu]).routes[0].transport == "object_store"
