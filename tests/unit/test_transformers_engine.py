@@ -273,9 +273,17 @@ def test_too_long_and_out_of_vocab_requests_fail_alone(engine):
         one_at_a_time(engine, [[]], GREEDY)
 
 
-def test_failure_inside_a_batch_fails_only_that_batch(model_path):
-    engine = TransformersEngine(str(model_path), max_batch_size=2, batch_wait_s=0.05)
-    real_forward = engine.model.forward
+@pytest.mark.parametrize("fast_decode", [False, True], ids=["transformers-loop", "fast-loop"])
+def test_failure_inside_a_batch_fails_only_that_batch(model_path, fast_decode):
+    engine = TransformersEngine(str(model_path), max_batch_size=2, batch_wait_s=0.05, fast_decode=fast_decode)
+    if fast_decode:  # rlsys/engines/cpu_decode.py runs the model from its weights: fail its prefill instead
+        from rlsys.engines.cpu_decode import FastDecoder
+
+        owner = engine._fast_decoder = FastDecoder(engine.model)
+        name = "prefill"
+    else:
+        owner, name = engine.model, "forward"
+    real_forward = getattr(owner, name)
     calls = {"n": 0}
 
     def flaky_forward(*args, **kwargs):
@@ -284,7 +292,7 @@ def test_failure_inside_a_batch_fails_only_that_batch(model_path):
             raise RuntimeError("injected failure")
         return real_forward(*args, **kwargs)
 
-    engine.model.forward = flaky_forward
+    setattr(owner, name, flaky_forward)
     results = asyncio.run(_gather_exceptions(engine, PROMPTS[:4]))
     assert [isinstance(r, RuntimeError) and "injected" in str(r) for r in results] == [True, True, False, False]
     assert one_at_a_time(engine, [PROMPTS[0]], GREEDY)[0].token_ids  # still serving
@@ -296,13 +304,18 @@ async def _gather_exceptions(engine, prompts):
 
 
 def test_event_loop_stays_responsive_during_a_batch(engine):
-    real_forward = engine.model.forward
+    from rlsys.engines.cpu_decode import FastDecoder
 
-    def slow_forward(*args, **kwargs):
-        time.sleep(0.05)  # releases the GIL like a real forward pass
-        return real_forward(*args, **kwargs)
+    # both loops' forward passes: transformers' and rlsys/engines/cpu_decode.py's (the default here)
+    owner = engine._fast_decoder = FastDecoder(engine.model)
+    for target, name in ((engine.model, "forward"), (owner, "prefill"), (owner, "decode_step")):
+        real = getattr(target, name)
 
-    engine.model.forward = slow_forward
+        def slow_forward(*args, _real=real, **kwargs):
+            time.sleep(0.05)  # releases the GIL like a real forward pass
+            return _real(*args, **kwargs)
+
+        setattr(target, name, slow_forward)
 
     async def go():
         gaps, stop = [], asyncio.Event()
@@ -356,6 +369,9 @@ HOT = [SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=200 + 
 
 
 def _prefill_rows(engine, monkeypatch) -> list[int]:
+    """Rows of each prefill forward, in either loop (the transformers one, or rlsys/engines/cpu_decode.py's)."""
+    from rlsys.engines.cpu_decode import FastDecoder
+
     rows = []
     real = engine._forward
 
@@ -365,6 +381,14 @@ def _prefill_rows(engine, monkeypatch) -> list[int]:
         return real(input_ids, *args, **kwargs)
 
     monkeypatch.setattr(engine, "_forward", forward)
+    fast = engine._fast_decoder = FastDecoder(engine.model)
+    real_prefill = fast.prefill
+
+    def prefill(input_ids, pad_mask, start=0, prefix=None):
+        rows.append(input_ids.shape[0])  # GROUPS share no prefix: one call, the distinct prompts
+        return real_prefill(input_ids, pad_mask, start, prefix)
+
+    monkeypatch.setattr(fast, "prefill", prefill)
     return rows
 
 
