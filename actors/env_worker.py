@@ -33,10 +33,9 @@ import traceback
 from typing import Any
 
 from rlsys.plugins import load_agent, load_reward
+from rlsys.proxy.sessions import ATTEMPT_HEADER, SESSION_HEADER
 from rlsys.types import Trajectory, TrajectorySummary
 
-SESSION_HEADER = "X-Rlsys-Session"
-ATTEMPT_HEADER = "X-Rlsys-Attempt"
 CONNECTION_RETRIES = 2
 RETRY_BACKOFF_S = (0.05, 0.25)
 

@@ -6,7 +6,7 @@ a record that lies about its shape fails where it is made, not three processes l
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -99,18 +99,5 @@ class TrajectorySummary:
 
     @classmethod
     def of(cls, t: Trajectory) -> "TrajectorySummary":
-        return cls(
-            item_id=t.item_id,
-            group=t.group,
-            sample=t.sample,
-            reward=t.reward,
-            outcome=t.outcome,
-            failed=t.failed,
-            fail_reason=t.fail_reason,
-            response_len=t.response_len,
-            num_turns=t.num_turns,
-            segment_breaks=t.segment_breaks,
-            prompt_from_ids=t.prompt_from_ids,
-            re_rendered=t.re_rendered,
-            truncated_turns=t.truncated_turns,
-        )
+        """Every field from the trajectory's attribute of the same name (`response_len`: its property)."""
+        return cls(**{f.name: getattr(t, f.name) for f in fields(cls)})

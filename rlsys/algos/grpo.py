@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.algos.logprobs import check_policy_loss_inputs, masked_mean
+from rlsys.algos.logprobs import check_clip_config, check_policy_loss_inputs, clip_metrics, masked_mean
 
 _MAX_LOG_RATIO = 20.0
 
@@ -44,10 +44,7 @@ class GRPOConfig:
     tis_cap: float | None = None  # cap on the per-token truncated importance weight; None disables
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.clip_eps_low < 1.0 and self.clip_eps_high >= 0.0):
-            raise ValueError(f"GRPOConfig: need 0 <= clip_eps_low < 1 and clip_eps_high >= 0: {self}")
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise ValueError(f"GRPOConfig: tis_cap must be > 0 or None, got {self.tis_cap}")
+        check_clip_config(self)
 
 
 def grpo_normalizer(loss_mask: torch.Tensor) -> float:  # (B, T)
@@ -92,22 +89,8 @@ def grpo_loss(
     loss = tok_loss.sum() / denom
 
     with torch.no_grad():
-        n = max(int(num_tokens), 1)
-        r = ratio[mask]
-        low = (adv < 0) & (ratio < 1.0 - cfg.clip_eps_low) & mask
-        high = (adv > 0) & (ratio > 1.0 + cfg.clip_eps_high) & mask
-        metrics = {
-            "train/pg_loss": float(tok_loss.sum()) / n,  # micro-batch token mean, whatever the normalizer
-            "train/ratio_mean": float(r.mean()) if r.numel() else 0.0,
-            "train/ratio_std": float(r.std(unbiased=False)) if r.numel() else 0.0,
-            "train/clip_frac_low": int(low.sum()) / n,
-            "train/clip_frac_high": int(high.sum()) / n,
-            "train/clip_frac": int((low | high).sum()) / n,
-            "train/logp_diff_mean": float(masked_mean((logp_old - logp_new).abs(), mask)),
-        }
-        if logp_rollout is not None:
-            diff = (logp_old - logp_rollout).abs()
-            metrics["train/rollout_logp_diff_mean"] = float(masked_mean(diff, mask))
+        metrics = clip_metrics(tok_loss.sum(), ratio, adv, mask, cfg.clip_eps_low, cfg.clip_eps_high, logp_old,
+                               logp_new, mask, logp_rollout)  # per token
         if tis is not None:
             metrics["train/tis_weight_mean"] = float(masked_mean(tis, mask))
     return loss, metrics

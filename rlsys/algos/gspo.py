@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.algos.logprobs import check_policy_loss_inputs, masked_mean
+from rlsys.algos.logprobs import check_clip_config, check_policy_loss_inputs, clip_metrics, masked_mean
 
 _MAX_LOG_RATIO = 20.0
 
@@ -52,10 +52,7 @@ class GSPOConfig:
     tis_cap: float | None = 2.0  # cap on the truncated importance weight; None disables it
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.clip_eps_low < 1.0 and self.clip_eps_high >= 0.0):
-            raise ValueError(f"GSPOConfig: need 0 <= clip_eps_low < 1 and clip_eps_high >= 0: {self}")
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise ValueError(f"GSPOConfig: tis_cap must be > 0 or None, got {self.tis_cap}")
+        check_clip_config(self)
 
 
 def gspo_normalizer(loss_mask: torch.Tensor) -> float:  # (B, T)
@@ -99,23 +96,8 @@ def gspo_loss(
     loss = seq_loss.sum() / denom
 
     with torch.no_grad():
-        n = max(int(num_seqs), 1)
-        r = ratio[seq_valid]
-        low = (adv < 0) & (ratio < 1.0 - cfg.clip_eps_low) & seq_valid
-        high = (adv > 0) & (ratio > 1.0 + cfg.clip_eps_high) & seq_valid
-        metrics = {
-            "train/pg_loss": float(seq_loss.sum()) / n,  # micro-batch mean, whatever the normalizer
-            "train/ratio_mean": float(r.mean()) if r.numel() else 0.0,
-            "train/ratio_std": float(r.std(unbiased=False)) if r.numel() else 0.0,
-            "train/clip_frac_low": int(low.sum()) / n,
-            "train/clip_frac_high": int(high.sum()) / n,
-            "train/clip_frac": int((low | high).sum()) / n,
-            "train/logp_diff_mean": float(masked_mean((logp_old - logp_new).abs(), mask)),
-        }
-        if logp_rollout is not None:
-            # The stale-weights alarm in decoupled mode: engine vs learner on the same tokens.
-            diff = (logp_old - logp_rollout).abs()
-            metrics["train/rollout_logp_diff_mean"] = float(masked_mean(diff, mask))
+        metrics = clip_metrics(seq_loss.sum(), ratio, adv, seq_valid, cfg.clip_eps_low, cfg.clip_eps_high, logp_old,
+                               logp_new, mask, logp_rollout)  # per sequence
         if tis is not None:
-            metrics["train/tis_weight_mean"] = float(tis[seq_valid].sum()) / n
+            metrics["train/tis_weight_mean"] = float(tis[seq_valid].sum()) / max(int(num_seqs), 1)
     return loss, metrics

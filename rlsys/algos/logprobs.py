@@ -18,6 +18,8 @@ to ``processed_logprobs``.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -187,3 +189,47 @@ def check_policy_loss_inputs(
         raise ValueError(f"{loss}: advantages {tuple(advantages.shape)} must be (B,)")
     if normalizer is not None and normalizer <= 0:
         raise ValueError(f"{loss}: normalizer must be > 0, got {normalizer}")
+
+
+def clip_metrics(
+    loss_sum: torch.Tensor,  # () the objective summed over ``valid`` units, before the normalizer
+    ratio: torch.Tensor,  # (B, T) per token (GRPO) or (B,) per sequence (GSPO)
+    adv: torch.Tensor,  # broadcastable to ``ratio``: (B, 1) or (B,)
+    valid: torch.Tensor,  # bool, ``ratio``'s shape: the units that count
+    clip_eps_low: float,
+    clip_eps_high: float,
+    logp_old: torch.Tensor,  # (B, T)
+    logp_new: torch.Tensor,  # (B, T)
+    mask: torch.Tensor,  # (B, T) bool
+    logp_rollout: torch.Tensor | None,  # (B, T) or None
+) -> dict[str, float]:
+    """The clipped policy losses' shared metrics over one micro-batch, per unit (token or sequence): the loss's
+    mean, the ratio's mean and spread, how often each side of the clip bit, and the learner's (and, decoupled, the
+    engine's) logprob gap to the sampling policy, per token. Call under ``torch.no_grad()``."""
+    n = max(int(valid.sum()), 1)
+    r = ratio[valid]
+    low = (adv < 0) & (ratio < 1.0 - clip_eps_low) & valid
+    high = (adv > 0) & (ratio > 1.0 + clip_eps_high) & valid
+    metrics = {
+        "train/pg_loss": float(loss_sum) / n,  # micro-batch mean, whatever the normalizer
+        "train/ratio_mean": float(r.mean()) if r.numel() else 0.0,
+        "train/ratio_std": float(r.std(unbiased=False)) if r.numel() else 0.0,
+        "train/clip_frac_low": int(low.sum()) / n,
+        "train/clip_frac_high": int(high.sum()) / n,
+        "train/clip_frac": int((low | high).sum()) / n,
+        "train/logp_diff_mean": float(masked_mean((logp_old - logp_new).abs(), mask)),
+    }
+    if logp_rollout is not None:
+        # The stale-weights alarm in decoupled mode: engine vs learner on the same tokens.
+        diff = (logp_old - logp_rollout).abs()
+        metrics["train/rollout_logp_diff_mean"] = float(masked_mean(diff, mask))
+    return metrics
+
+
+def check_clip_config(cfg: Any) -> None:
+    """The checks of a clipped policy loss's config (GRPOConfig, GSPOConfig); ValueError names its class."""
+    name = type(cfg).__name__
+    if not (0.0 <= cfg.clip_eps_low < 1.0 and cfg.clip_eps_high >= 0.0):
+        raise ValueError(f"{name}: need 0 <= clip_eps_low < 1 and clip_eps_high >= 0: {cfg}")
+    if cfg.tis_cap is not None and cfg.tis_cap <= 0.0:
+        raise ValueError(f"{name}: tis_cap must be > 0 or None, got {cfg.tis_cap}")

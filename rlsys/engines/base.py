@@ -80,6 +80,21 @@ def checked_token_ids(ids: list[int], vocab_size: int, what: str) -> list[int]:
     return ids
 
 
+def checked_prompt(prompt_ids: list[int], vocab_size: int, max_new_tokens: int, max_model_len: int | None,
+                   limit: str) -> list[int]:
+    """A generate request's prompt as ints, or ValueError: ids outside the vocabulary, an empty prompt, or a prompt
+    that leaves no room for ``max_new_tokens`` within ``max_model_len`` (None: no limit; ``limit`` names it in the
+    error, e.g. "the engine's max_model_len")."""
+    prompt = checked_token_ids(prompt_ids, vocab_size, "prompt_ids")
+    if not prompt:
+        raise ValueError("prompt_ids is empty")
+    total = len(prompt) + max_new_tokens
+    if max_model_len is not None and total > max_model_len:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                         f"exceeds {limit} ({max_model_len})")
+    return prompt
+
+
 class Engine(ABC):
     """Async generation over token ids, with the weight and memory controls RL needs."""
 

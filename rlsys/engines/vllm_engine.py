@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from rlsys.engines.base import Engine, GenerateOutput, SamplingParams, checked_token_ids
+from rlsys.engines.base import Engine, GenerateOutput, SamplingParams, checked_prompt, checked_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -388,15 +388,8 @@ class VLLMEngine(Engine):
     # ------------------------------------------------------------------ generation
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         self._check_serving()
-        prompt = self._checked_ids(prompt_ids, "prompt_ids")
-        if not prompt:
-            raise ValueError("prompt_ids is empty")
-        total = len(prompt) + params.max_new_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
-                f"exceeds the engine's max_model_len ({self.max_model_len})"
-            )
+        prompt = checked_prompt(prompt_ids, self.vocab_size, params.max_new_tokens, self.max_model_len,
+                                "the engine's max_model_len")
         seed = params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))

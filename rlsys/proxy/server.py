@@ -93,7 +93,7 @@ from rlsys.proxy.schema import (
     tool_names,
 )
 from rlsys.proxy.serving import MAX_HEADER_BYTES, ProxyServer, _GuardMiddleware, error_body
-from rlsys.proxy.sessions import RequestTicket, SessionRecorder
+from rlsys.proxy.sessions import ATTEMPT_HEADER, SESSION_HEADER, RequestTicket, SessionRecorder
 from rlsys.proxy.streaming import EngineError, sse_events
 from rlsys.proxy.toolcalls import parse_tool_calls, to_openai_tool_calls
 from rlsys.types import Turn
@@ -101,8 +101,6 @@ from rlsys.types import Turn
 __all__ = ["ProxyServer", "create_app", "END_OF_TURN_TOKENS", "RENDER_CACHE_SIZE", "RENDER_CACHE_BYTES"]
 logger = logging.getLogger(__name__)
 
-SESSION_HEADER = "X-Rlsys-Session"
-ATTEMPT_HEADER = "X-Rlsys-Attempt"  # the env worker's run of the episode (sessions.py, "Attempts")
 MAX_SESSION_ID_CHARS = 256
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
 RENDER_CACHE_SIZE = 1024  # conversations whose prompt ids the proxy keeps (a step's distinct prompts, and more)

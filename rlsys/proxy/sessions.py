@@ -66,6 +66,10 @@ from dataclasses import dataclass, field
 from rlsys.proxy.continuation import FALLBACK_REASONS, FIRST, FROM_IDS, RE_RENDERED, Exchange
 from rlsys.types import Segment, Turn
 
+# the headers an env worker's agent client sends with every turn, and the proxy reads (server.py `_parse`)
+SESSION_HEADER = "X-Rlsys-Session"
+ATTEMPT_HEADER = "X-Rlsys-Attempt"  # the env worker's run of the episode ("Attempts" above)
+
 
 @dataclass
 class SessionRecord:

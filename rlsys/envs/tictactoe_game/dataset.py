@@ -18,17 +18,15 @@ The same (count, seed, split) gives the same bytes. Shipped files (configs point
 """
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from pathlib import Path
 
+from rlsys.envs.datasets import check_item_keys, jsonl_lines, seeded_items, write_main
 from rlsys.envs.tictactoe import game
 from rlsys.envs.tictactoe_game.opponent import OPPONENTS
 from rlsys.envs.tictactoe_game.prompt import VARIANTS
 
 ITEM_KEYS = ("id", "seed", "start", "opponent", "blunder", "prompt_variant")
-SPLITS = ("train", "heldout")
 DATA_DIR = Path(__file__).with_name("data")
 # (opponent, blunder) drawn uniformly per item
 OPPONENT_MIX = (("minimax", 0.0), ("minimax", 0.25), ("minimax", 0.5), ("random", 1.0))
@@ -47,21 +45,12 @@ def make_item(index: int, rng: random.Random, split: str) -> dict:
 
 
 def make_dataset(count: int, seed: int, split: str = "train") -> list[dict]:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be a positive int, got {count!r}")
-    rng = random.Random(f"tictactoe_game/{split}/{seed}")
-    return [make_item(i, rng, split) for i in range(count)]
+    return seeded_items(make_item, "tictactoe_game", count, seed, split)
 
 
 def validate_item(item: object) -> None:
     """Raise ValueError saying what is wrong if `item` is not a whole-game item."""
-    if not isinstance(item, dict):
-        raise ValueError(f"item must be a JSON object, got {type(item).__name__}")
-    missing = [k for k in ITEM_KEYS if k not in item]
-    if missing:
-        raise ValueError(f"item {item.get('id')!r}: missing key(s) {missing}")
+    check_item_keys(item, ITEM_KEYS)
     board = item["start"]
     game.validate_board(board)
     if game.to_move(board) != "X" or game.is_terminal(board):
@@ -78,21 +67,12 @@ def validate_item(item: object) -> None:
 
 
 def to_jsonl(items: list[dict]) -> str:
-    return "".join(json.dumps({k: item[k] for k in ITEM_KEYS}) + "\n" for item in items)
+    return jsonl_lines(items, ITEM_KEYS)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlsys.envs.tictactoe_game.dataset",
-                                description="Write whole-game tic-tac-toe items as JSONL.")
-    p.add_argument("--count", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--split", choices=SPLITS, default="train")
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(to_jsonl(make_dataset(args.count, args.seed, args.split)), encoding="utf-8")
-    print(f"wrote {args.count} {args.split} games to {args.out}")
-    return 0
+    return write_main(argv, "python -m rlsys.envs.tictactoe_game.dataset",
+                      "Write whole-game tic-tac-toe items as JSONL.", make_dataset, ITEM_KEYS, "games")
 
 
 if __name__ == "__main__":
