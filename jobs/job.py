@@ -61,7 +61,7 @@ class Job:
         trainer_state = ckpt.read_trainer_state(resume_from) if resume_from else None
         # a resumed job starts learner and engine from the checkpoint's weights
         model_path = str(resume_from) if resume_from else resolve_model(cfg.model.ckpt)
-        namespace = job_namespace(cfg)
+        namespace = job_namespace(cfg.cluster.namespace, cfg.run_dir)
         marks = {**(marks or {}), "job_start": time.time()}  # when start-up milestones were reached (`startup/*`)
         import_meanwhile("jobs.placement")  # the actors' modules (torch, transformers) while Ray starts
         owns_ray = init_ray(cfg, namespace)

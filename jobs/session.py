@@ -69,10 +69,11 @@ def wait_for_stale_actors(namespace: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.5)
 
 
-def job_namespace(cfg: Config) -> str:
-    if cfg.cluster.namespace:
-        return cfg.cluster.namespace
-    return "rlsys-" + re.sub(r"[^A-Za-z0-9_.-]", "-", Path(cfg.run_dir).name)
+def job_namespace(namespace: str | None, run_dir: str) -> str:
+    """`cluster.namespace` if set, else one named after the run directory (so a resumed run finds its own)."""
+    if namespace:
+        return namespace
+    return "rlsys-" + re.sub(r"[^A-Za-z0-9_.-]", "-", Path(run_dir).name)
 
 
 class RayGauges:
