@@ -601,7 +601,7 @@ def bench_cpu_decode(args: argparse.Namespace) -> dict[str, Any]:
     top_p = r.top_p if args.top_p is None else args.top_p
     model_path = resolve_model(args.model)
     prompts = tictactoe_prompts(make_dataset(boards, seed=0), AutoTokenizer.from_pretrained(model_path))
-    threads = args.threads or max(1, os.cpu_count() or 1)
+    threads = args.threads or r.engine_threads or max(1, os.cpu_count() or 1)  # the job's engine: 1 (rlsys/config.py)
     # batch_wait_s=0: the gathered calls are all queued before the batcher runs, so each round is one batch
     engines = {name: TransformersEngine(model_path, max_batch_size=boards * samples, batch_wait_s=0.0, seed=0,
                                         num_threads=threads, fast_decode=fast)
@@ -706,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--max-new-tokens", type=int, help="default: rollout.max_new_tokens")
     dec.add_argument("--temperature", type=float, help="default: rollout.temperature")
     dec.add_argument("--top-p", type=float, help="default: rollout.top_p")
-    dec.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    dec.add_argument("--threads", type=int, help="torch threads (default: the config's rollout.engine_threads)")
     dec.add_argument("--out", help="write the results as JSON here")
     build = sub.add_parser("model", help="build a named bench model; prints its folder")
     build.add_argument("--model", required=True, help=models)

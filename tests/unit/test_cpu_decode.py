@@ -143,3 +143,22 @@ def test_unsupported_models_use_the_transformers_loop(tmp_path):
     assert not TransformersEngine(str(tmp_path)).fast_decode
     with pytest.raises(ValueError, match="sliding-window"):
         TransformersEngine(str(tmp_path), fast_decode=True)
+
+
+def test_sorted_values_and_ids_match_a_stable_sort():
+    """The top-p sampler's numpy sort of values + id lookup: ``torch.sort(stable=True)``'s values and ids, ties
+    included (equal logits, and probabilities that underflow to 0)."""
+    from rlsys.engines.cpu_decode import _ids_at, _sorted_descending
+
+    torch.manual_seed(0)
+    for trial in range(60):
+        logits = torch.randn(16, 50) * (0.01, 3.0, 60.0)[trial % 3]
+        if trial % 2:
+            logits[:, ::3] = logits[:, :1]  # a third of each row tied
+        probs = torch.softmax(logits, dim=-1)
+        reference = probs.sort(dim=-1, descending=True, stable=True)
+        sorted_probs = _sorted_descending(probs)
+        assert torch.equal(sorted_probs, reference.values), f"trial {trial}: sorted values differ"
+        pos = torch.randint(0, 50, (16,))
+        assert torch.equal(_ids_at(probs, sorted_probs, pos), reference.indices.gather(1, pos[:, None]).squeeze(1)), \
+            f"trial {trial}: ids differ"
