@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.engines.base import Engine, GenerateOutput, SamplingParams, checked_token_ids
+from rlsys.engines.base import Engine, GenerateOutput, SamplingParams, checked_prompt, checked_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -226,15 +226,8 @@ class TransformersEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
         self._check_serving()
-        prompt = self._checked_ids(prompt_ids, "prompt_ids")
-        if not prompt:
-            raise ValueError("prompt_ids is empty")
-        total = len(prompt) + params.max_new_tokens
-        if self.max_model_len is not None and total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
-                f"exceeds the model's max_position_embeddings ({self.max_model_len})"
-            )
+        prompt = checked_prompt(prompt_ids, self.vocab_size, params.max_new_tokens, self.max_model_len,
+                                "the model's max_position_embeddings")
         if params.stop:
             self._stop_tokenizer()  # here, once: a model without a tokenizer fails this request, not its batch
         seed = params.seed
