@@ -117,7 +117,9 @@ def test_adam_8bit_state_and_next_step_survive_a_resume_in_a_new_process(tmp_pat
     measure("adam8bit_resume_loss_straight", straight["loss"])
     measure("adam8bit_resume_loss_resumed", resumed["loss"])
     assert resumed["skipped"] == straight["skipped"] == 0
-    assert resumed["loss"] == pytest.approx(straight["loss"], rel=1e-6, abs=1e-6)
+    # the same weights and batch in another process: the bf16 forward may pick other kernels there (measured on the
+    # H200: 5.923682 vs 5.923723, 7e-6 relative); a lost or reset optimizer state moves it by orders more
+    assert resumed["loss"] == pytest.approx(straight["loss"], rel=1e-4)
     a, b = torch.load(tmp_path / "straight.pt"), torch.load(tmp_path / "resumed.pt")
     moved = sum(int((a[n] != at_ckpt[n]).sum()) for n in a) / sum(t.numel() for t in a.values())
     differ = sum(int((a[n] != b[n]).sum()) for n in a) / sum(t.numel() for t in a.values())
