@@ -24,5 +24,7 @@ install_torch() {
   fi
 }
 .venv/bin/python -c "import torch" 2>/dev/null || install_torch
-pip install -q -e '.[test]'
+# gsm: reasoning-gym, for scripts/make_gsm_data.py and the test that it reproduces rlsys/envs/gsm/data (it builds
+# pycosat from source: a C compiler)
+pip install -q -e '.[test,gsm]'
 .venv/bin/python -c "import rlsys, torch, transformers, ray; print(f'rlsys {rlsys.__version__}: torch {torch.__version__} ({\"CUDA \" + torch.version.cuda if torch.version.cuda else \"CPU\"} build), transformers {transformers.__version__}, ray {ray.__version__}')"
