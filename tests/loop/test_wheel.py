@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 # What the CPU job reads at run time besides code: the tiny model's chat template, the envs' datasets, the play page.
 PACKAGE_DATA = ["rlsys/models/chat_template.jinja", "rlsys/envs/tictactoe_game/data/train.jsonl",
                 "rlsys/envs/tictactoe_game/data/heldout.jsonl", "rlsys/envs/ledger/data/train.jsonl",
-                "rlsys/envs/ledger/data/heldout.jsonl", "jobs/static/play.html"]
+                "rlsys/envs/ledger/data/heldout.jsonl", "rlsys/envs/gsm/data/train.jsonl",
+                "rlsys/envs/gsm/data/heldout.jsonl", "jobs/static/play.html"]
 
 CHECK_IMPORTS_AND_REQUIREMENTS = r"""
 import json, importlib.metadata as md, rlsys, jobs, actors
