@@ -43,15 +43,15 @@ VARIANT_TRIES = 400
 
 
 def generators() -> tuple[dict, list[int]]:
-    import reasoning_gym
+    """reasoning-gym's gsm_symbolic generators by template number, and the templates it uses (`tasks_ok`)."""
+    from importlib.metadata import version
+
     from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import GSMSymbolicDataset, GSMSymbolicDatasetConfig, tasks_ok
 
-    version = getattr(reasoning_gym, "__version__", "?")
-    from importlib.metadata import version as dist_version
-
-    if dist_version("reasoning-gym") != RG_VERSION:
-        raise SystemExit(f"make_gsm_data: needs reasoning-gym=={RG_VERSION}, found {dist_version('reasoning-gym')} "
-                         f"(module says {version}): the files would differ")
+    # the distribution's version: the module's own __version__ says 0.1.19 in the 0.1.25 wheel
+    if version("reasoning-gym") != RG_VERSION:
+        raise SystemExit(f"make_gsm_data: needs reasoning-gym=={RG_VERSION}, found {version('reasoning-gym')}: "
+                         "the files would differ")
     gens = GSMSymbolicDataset(GSMSymbolicDatasetConfig(seed=SEED, size=1)).generators
     return gens, sorted(tasks_ok)
 
