@@ -4,7 +4,7 @@
 the reward treat like any other, or None where the kind does not apply to the item:
     numbers         the item's `numbers_variant`: the same template with the same names and objects and other
                     numbers, the answer computed by the template (scripts/make_gsm_data.py); held-out items only
-    names           every person name of `names` replaced, whole words only, by a name from REPLACEMENT_NAMES
+    names           every first name of `names` (family names such as "Mrs. Lee" are not in it) replaced, whole words only, by a name from REPLACEMENT_NAMES
                     (none of them occurs in any generator's name list, and they are gender-neutral, so "she"/"he"
                     in the question still reads right); the answer is unchanged
     question_first  the last sentence (the question) moved to the front, the premises after it in their
