@@ -41,7 +41,6 @@ from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_to
                           sharing_supported)
 from rlsys.types import Segment, Trajectory
 from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES, BucketPacker
-from rlsys.weights.transport import make_transport
 
 
 LEARNER_STATE = "learner_state.pt"
@@ -127,7 +126,9 @@ class Learner:
         self.optimizer_steps = 0
         self._packer: BucketPacker | None = None
         self._fused_pack = None  # FusedPack over the packer, made by the first export
-        self._transports: dict[str, Any] = {}  # transport name -> its object (`open_transports`)
+        self._transports: list[Any] = []  # the WeightTransports this rank exports by (`open_transports`)
+        self._bucket_bytes = DEFAULT_BUCKET_BYTES
+        self._exported: list[Any] = []  # the buckets of the last `export_weights`, for `send_weights`
         low, high = cfg.algo.clip_eps()
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
@@ -398,39 +399,39 @@ class Learner:
         return [rows[i] for i in order]
 
     # --- weights out ---------------------------------------------------------------------------
+    def open_transports(self, transports: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        """The transports this rank exports by (rlsys.weights.transport `WeightTransport`s, from the job's route plan:
+        rlsys/weights/routes.py), given once at job start and kept for the learner's lifetime: cuda_ipc makes each
+        buffer's handle once, collective keeps its joined group. ``bucket_bytes``: the buckets' size."""
+        self._transports = list(transports)
+        self._bucket_bytes = bucket_bytes
+
     @torch.no_grad()
-    def export_weights(self, transport: str = "object_store", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                       route: Any = None) -> Any:
-        """Parameters packed into reusable buckets (allocated on the first call, refilled afterwards),
-        turned into the transport's payload. `collective` takes the driver's `CollectiveRoute` and broadcasts
-        the buckets to the route's engines itself (joining the route's group on first use)."""
+    def export_weights(self) -> Any:
+        """Parameters packed into reusable buckets (allocated on the first call, refilled afterwards), turned into
+        each opened transport's payload: a tuple of them in `open_transports` order, or the payload itself when
+        there is one transport."""
         from rlsys.weights.transport import FusedPack
 
+        if not self._transports:
+            raise RuntimeError("export_weights: no transport opened; call open_transports first")
         named = list(self.model.named_parameters())
-        self._bucket_packer(bucket_bytes, named)
+        self._bucket_packer(self._bucket_bytes, named)
         if self._fused_pack is None:
             self._fused_pack = FusedPack(self._packer, named)  # packs the first push itself
             buckets = self._fused_pack.buckets
         else:
             buckets = self._fused_pack.pack(named)  # one fused copy into the reused buffers
-        if transport not in self._transports:  # a caller outside a job, which opened none (`open_transports`)
-            self.open_transports([transport])
-        if transport == "collective":
-            return self._transports[transport].export(buckets, route)
-        return self._transports[transport].export(buckets)
+        self._exported = buckets
+        payloads = [transport.export(buckets) for transport in self._transports]
+        return payloads[0] if len(payloads) == 1 else tuple(payloads)
 
-    def open_transports(self, names: list[str]) -> None:
-        """The transports this rank exports by, from the job's route plan (rlsys/weights/routes.py), opened once at
-        job start and kept for the learner's lifetime: cuda_ipc makes each buffer's handle once, collective keeps
-        its joined groups."""
-        for name in names:
-            if name not in self._transports:
-                self._transports[name] = make_transport(name)
-
-    def weight_plan(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list:
-        """The bucket layout every push uses (list of buckets, each a list of `TensorMeta`): what a collective
-        receiver needs once to allocate its buffers."""
-        return self._bucket_packer(bucket_bytes, list(self.model.named_parameters())).plan
+    @torch.no_grad()
+    def send_weights(self) -> None:
+        """After `export_weights`, while the engines load: what the transports send beside their payloads (the
+        collective's broadcasts; nothing for the others)."""
+        for transport in self._transports:
+            transport.send(self._exported)
 
     def _bucket_packer(self, bucket_bytes: int, named: list[tuple[str, torch.Tensor]]) -> BucketPacker:
         if self._packer is None:

@@ -137,9 +137,8 @@ class RolloutWorker:
         self.model_path = model_path
         self.api_token = api_token or secrets.token_urlsafe(24)
         self.recorder = SessionRecorder()
-        self._transport_name = transport or "object_store"
         self.route = None  # the driver's EngineRoute (`set_route`)
-        self.transport = None
+        self.transport = make_transport(transport or "object_store")  # a WeightTransport, the route's from `set_route`
         self.engine = None
         self.server = None
 
@@ -164,7 +163,6 @@ class RolloutWorker:
         # engine_build_s: the imports above and the engine's constructor
         self._startup = {"start_called_at": began, "engine_build_s": time.time() - began,
                          "engine_ready_at": time.time()}
-        self.transport = make_transport(self._transport_name)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         r = self.cfg.rollout
         self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
@@ -192,7 +190,7 @@ class RolloutWorker:
         # "on_gpu": the engine's weights live on a GPU (vLLM); with "node_id" and Ray's "gpu_ids" (or, for
         # vLLM's Ray executor, "workers") the driver plans the weight route (rlsys/weights/routes.py) and calls
         # `set_route`
-        return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self._transport_name,
+        return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self.transport.name,
                 "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm", "workers": workers,
                 "ray_executor": self._engine_kind == "vllm" and self.cfg.vllm_ray_executor(),
                 "device_bytes": device_bytes, "engine_bytes": engine_bytes}
@@ -205,11 +203,10 @@ class RolloutWorker:
 
     async def set_route(self, route: Any) -> None:
         """How weights arrive from now on: the driver's `EngineRoute` for this engine (rlsys/weights/routes.py),
-        given once at job start."""
+        given once at job start; the engine receives by the route's transport (a collective route's group, as its
+        rank there) until the actor ends."""
         self.route = route
-        if route.transport != self._transport_name:
-            self._transport_name = route.transport
-            self.transport = make_transport(route.transport)
+        self.transport = make_transport(route.transport, route.group, route.group_rank)
 
     async def set_temperature(self, temperature: float | None) -> None:
         """Sampling temperature of requests that name none (evaluation is greedy); None = the config's."""
@@ -256,18 +253,16 @@ class RolloutWorker:
         if tags is None or "kv_cache" in tags:
             await self.engine.reset_prefix_cache()
 
-    async def load_weights(self, payload: Any) -> int:
-        """Load a transport payload in place; returns the number of tensors loaded. For `collective` the payload
-        is a `CollectiveTicket` and the bytes arrive by broadcast while this call runs."""
+    async def load_weights(self, *payloads: Any) -> int:
+        """Load the payloads of the learner ranks that feed this engine (`EngineRoute.ranks`, in that order: one,
+        but the CUDA IPC payload of each worker's rank for vLLM Ray workers on several GPUs, `PerGpuPayload`) in
+        place by this engine's transport; returns the number of tensors loaded."""
+        payload = payloads[0]
+        if self.route is not None and self.route.per_gpu:
+            from rlsys.weights.transport import PerGpuPayload
+
+            payload = PerGpuPayload({uuid: p for (_, uuid), p in zip(self.route.per_gpu, payloads, strict=True)})
         return await self.engine.load_payload(self.transport, payload)
-
-    async def load_weights_per_gpu(self, gpu_uuids: list[str], *payloads: Any) -> int:
-        """`load_weights` for an engine whose workers sit on several GPUs (vLLM's Ray executor): the CUDA IPC
-        payload of the learner rank on each GPU (Ray resolves them: positional arguments), and each worker opens
-        its own GPU's (`PerGpuPayload`)."""
-        from rlsys.weights.transport import PerGpuPayload
-
-        return await self.engine.load_payload(self.transport, PerGpuPayload(dict(zip(gpu_uuids, payloads))))
 
     async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
         return await self.engine.score(prompt_ids, continuation_ids)

@@ -5,8 +5,11 @@ vLLM mixes this class into its GPU worker when the engine is built with
 the model); `VLLMEngine` calls the methods by name through `collective_rpc`. Payloads arrive pickled
 (bytes), so they pass whatever vLLM's RPC serialiser accepts natively.
 
-A push: open each bucket's IPC handle (cached across pushes: the learner reuses its buffers), slice views,
-copy them into the model. The first push goes through the model's own `load_weights` and then checks a
+The engine gives the worker its transport once (`rlsys_set_transport`: a fresh copy of the rollout actor's
+`WeightTransport`), and each push is one `rlsys_load_weights(payload)`: the transport turns the payload into named
+tensors on this worker's device (CUDA IPC: open each bucket's handle, cached across pushes since the learner reuses
+its buffers, and slice views; object store: one H2D copy per bucket; collective: receive the broadcasts), which are
+copied into the model. The first push goes through the model's own `load_weights` and then checks a
 `DirectCopyPlan` against what it wrote; later pushes use the plan (one fused copy) while it stays valid.
 Only parameters are loaded: buffers vLLM keeps (rotary caches) are untouched, and vLLM restores them itself
 after a level-2 sleep. The worker synchronises before answering, so the learner may refill its buffers.
@@ -21,56 +24,28 @@ import torch
 
 
 class WorkerExtension:
-    def rlsys_load_ipc(self, payload: bytes) -> dict:
-        """Load a pickled list of `IpcBucket` (or a `PerGpuPayload`: this worker's GPU's list); returns
-        {"count", "missing", "path", "worker_ms", "opened"}."""
-        from rlsys.weights.transport import IpcBufferCache, PerGpuPayload, gpu_uuid
+    def rlsys_set_transport(self, transport: bytes) -> None:
+        """The pickled `WeightTransport` this worker receives weights by from now on (rlsys.weights.transport; it
+        arrives fresh and keeps its caches, IPC mappings or a joined group, across pushes)."""
+        transport = pickle.loads(transport)
+        if transport.one_receiver:
+            from vllm.distributed.parallel_state import get_world_group
 
+            if get_world_group().world_size != 1:  # tp_size 1: the engine's one worker takes the route's rank
+                raise NotImplementedError(f"weight route {transport.route.name}: tensor-parallel engines need a rank "
+                                          "per worker (rank offset = the worker's rank, as vLLM's rlhf_utils.py)")
+        self._rlsys_transport = transport
+
+    def rlsys_load_weights(self, payload: bytes) -> dict:
+        """Load a pickled payload of the transport set by `rlsys_set_transport`; returns {"count", "missing", "path",
+        "worker_ms", "plan_refused"} and the transport's counters (CUDA IPC: "opened", "reused")."""
         start = time.perf_counter()
-        cache = getattr(self, "_rlsys_ipc_cache", None)
-        if cache is None:
-            cache = self._rlsys_ipc_cache = IpcBufferCache()
-        buckets = pickle.loads(payload)
-        if isinstance(buckets, PerGpuPayload):
-            buckets = buckets.for_gpu(gpu_uuid(self.device))
-        named = cache.views(buckets, self.device.index)
-        info = self._rlsys_load(named)
-        info.update(worker_ms=(time.perf_counter() - start) * 1e3, opened=cache.opened, reused=cache.reused)
-        return info
-
-    def rlsys_load_buckets(self, payload: bytes) -> dict:
-        """Load a pickled list of CPU `WeightBucket` (the object-store transport): one H2D copy per bucket."""
-        from rlsys.weights.buckets import WeightBucket, unpack_bucket
-
-        start = time.perf_counter()
-        named = []
-        for bucket in pickle.loads(payload):
-            on_device = WeightBucket(buffer=bucket.buffer.to(self.device, non_blocking=True), metas=bucket.metas)
-            named.extend(unpack_bucket(on_device))
-        info = self._rlsys_load(named)
-        info["worker_ms"] = (time.perf_counter() - start) * 1e3
-        return info
-
-    def rlsys_load_collective(self, payload: bytes) -> dict:
-        """Load a pickled `CollectiveTicket`: join the route's group on first use (vLLM's rlhf_utils.py
-        `init_weight_update_group`), receive every bucket by broadcast into buffers on this worker's device
-        (allocated once from the ticket's plan), then load them as the other paths do."""
-        from rlsys.weights.buckets import unpack_bucket
-        from rlsys.weights.collective import CollectiveTransport
-
-        start = time.perf_counter()
-        transport = getattr(self, "_rlsys_collective", None)
+        transport = getattr(self, "_rlsys_transport", None)
         if transport is None:
-            transport = self._rlsys_collective = CollectiveTransport()
-        ticket = pickle.loads(payload)
-        from vllm.distributed.parallel_state import get_world_group
-
-        if get_world_group().world_size != 1:  # tp_size 1: the engine's one worker takes the ticket's rank
-            raise NotImplementedError(f"weight route {ticket.route.name}: tensor-parallel engines need a rank "
-                                      "per worker (rank offset = the worker's rank, as vLLM's rlhf_utils.py)")
-        named = [v for bucket in transport.receive_buckets(ticket, self.device) for v in unpack_bucket(bucket)]
+            raise RuntimeError("rlsys_load_weights: no transport set (rlsys_set_transport first)")
+        named = list(transport.receive(pickle.loads(payload), self.device))
         info = self._rlsys_load(named)
-        info["worker_ms"] = (time.perf_counter() - start) * 1e3
+        info.update(worker_ms=(time.perf_counter() - start) * 1e3, **transport.counters())
         return info
 
     def rlsys_device(self) -> dict:
@@ -91,12 +66,6 @@ class WorkerExtension:
         wanted = None if names is None else set(names)
         out = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if wanted is None or n in wanted}
         return pickle.dumps(out)
-
-    def rlsys_release_ipc(self) -> None:
-        """Drop the cached IPC mappings (e.g. before the learner goes away)."""
-        cache = getattr(self, "_rlsys_ipc_cache", None)
-        if cache is not None:
-            cache.clear()
 
     # ------------------------------------------------------------------ helpers
     def _rlsys_model(self) -> torch.nn.Module:

@@ -91,9 +91,9 @@ class Job:
                 ray.kill(worker, no_restart=True)
             raise
         feeders = placed.feeders or [[r] for r in sources]
-        plan = route_weights(cfg.sync.transport, learners, placed.rollouts, feeders, infos)
+        bucket_bytes = cfg.sync.bucket_mb << 20
+        plan = route_weights(cfg.sync.transport, learners, placed.rollouts, feeders, infos, bucket_bytes)
         transports = [route.transport for route in plan.routes]
-        per_gpu = [list(route.per_gpu) if route.per_gpu else None for route in plan.routes]
         proxies = [{**info, "transport": t, "actor": r} for info, t, r in zip(infos, transports, placed.rollouts)]
         print(f"rlsys: {len(learners)} learner rank(s), {len(infos)} engine(s); weights by "
               f"{', '.join(sorted(set(transports)))}", flush=True)
@@ -103,12 +103,10 @@ class Job:
         print(f"rlsys: engines {'stay awake' if sleep_level == 0 else f'sleep at level {sleep_level}'} while the "
               f"learner trains ({why})", flush=True)
         weights = WeightSync(
-            learners=learners, engines=placed.rollouts, sources=sources, transports=transports, per_gpu=per_gpu,
-            bucket_bytes=cfg.sync.bucket_mb << 20, expected_count=num_params, canary_prompt=prompt,
-            canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
+            learners=learners, engines=placed.rollouts, feeds=plan.feeds(), expected_count=num_params,
+            canary_prompt=prompt, canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
             canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every,
-            collective_backend=plan.collective_backend,
-            canary_follow=not cfg.learner.fp32_master,
+            canary_follow=not cfg.learner.fp32_master, routes=plan.routes,
         )
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle, replay_frac=cfg.data.signal_replay)
         reward_fn, _ = load_reward(cfg.env.reward_fn_path)

@@ -1,5 +1,5 @@
 """Weights from the learner ranks to the rollout engines (`WeightSync.push`), by routes planned once at job start
-(`route_weights`: rlsys/weights/routes.py's plan, given to both sides), and the stale-weights canary that checks
+(`route_weights`: rlsys/weights/routes.py's plan, each side given its transports), and the stale-weights canary that checks
 every push landed (`WeightSync.check_canary`).
 
 The canary is a fixed tic-tac-toe chat (`canary_sequence`) whose logprobs the engines and the learner must agree on
@@ -20,18 +20,15 @@ if TYPE_CHECKING:
 class WeightSync:
     """Learners -> engines, behind one call (`push`), then the canary (`check_canary`).
 
-    Engine i is fed by learner rank `sources[i]`, the rank on its GPU (or node), by the transport the placement
-    chose for that pair (rlsys/weights/routes.py `plan_routes`); all ranks hold the same weights, so any rank
-    is a correct source. An engine of vLLM Ray workers fed by CUDA IPC (`per_gpu[i]`) gets the handles of every
-    worker's rank at once, and each worker opens those of its own GPU. `collective` routes (one group per source
-    rank and the engines it feeds) are opened on the first push: the bucket plan goes to the engines once, then
-    each push is the learner's broadcasts and the engines' receives, running at the same time."""
+    Every side holds the transports it was given at job start (`route_weights`: each learner rank those it exports
+    by, each engine its route's), so a push names none: each feeding rank exports one payload per transport, sends
+    what travels beside them (a collective route's broadcasts), and each engine loads the payloads of the ranks that
+    feed it (`feeds`, from the route plan: usually the one rank on its GPU or node; all ranks hold the same weights, so
+    any rank is a correct source; vLLM Ray workers fed by CUDA IPC take every worker's rank's at once)."""
 
     learners: list[Any]
     engines: list[Any]
-    sources: list[int]  # (E,) learner rank feeding each engine
-    transports: list[str]  # (E,) how weights reach each engine: "cuda_ipc", "collective" or "object_store"
-    bucket_bytes: int
+    feeds: list[list[tuple[int, int]]]  # (E,) per engine: (learner rank, index of its transport) of each payload
     expected_count: int
     canary_prompt: list[int]
     canary_continuation: list[int]
@@ -41,13 +38,7 @@ class WeightSync:
     # the engines must move as far as the learner between checks (`canary_movement`): only where both compute in
     # the same numerics; fp32 masters move in steps below bf16's resolution that the pushed bf16 weights round away
     canary_follow: bool = True
-    collective_backend: str = "gloo"  # "nccl" when learners and engines are on GPUs
-    collective_timeout_s: float | None = None  # rendezvous and broadcast timeout of collective routes (None: the
-    # route's default, rlsys.weights.collective.DEFAULT_TIMEOUT_S)
-    # (E,) for an engine of vLLM Ray workers fed by CUDA IPC: (learner rank, GPU uuid) per worker; else None
-    per_gpu: list[Any] | None = None
-    _routes: dict[int, Any] = field(default_factory=dict, repr=False)  # source rank -> CollectiveRoute
-    _tickets: dict[int, Any] = field(default_factory=dict, repr=False)  # engine index -> CollectiveTicket
+    routes: tuple[Any, ...] = ()  # (E,) each engine's `EngineRoute` as planned (`route_weights`), for logs and tests
     _canary_calls: int = field(default=0, repr=False)
     # the last check's logprobs: (T,) the learner's and (E, T) the engines'
     _canary_last: tuple[list[float], list[list[float]]] | None = field(default=None, repr=False)
@@ -58,59 +49,31 @@ class WeightSync:
 
     def push(self) -> dict[str, float]:
         """Wake the engines' weights (not their KV cache), load the learners' weights, check the count."""
-        fed = [[r for r, _ in shards] if shards else [r] for r, shards in zip(self.sources, self._per_gpu())]
-        routes = sorted({(r, t) for ranks, t in zip(fed, self.transports) for r in ranks})
-        # the learners pack while the engines map their weight memory back: two processes, no ordering needed
-        payloads = {(r, t): self.learners[r].export_weights.remote(t, self.bucket_bytes)
-                    for r, t in routes if t != "collective"}
+        exports = self._exports()  # the learners pack while the engines map their weight memory back
         ray.get([e.wake.remote(["weights"]) for e in self.engines])
-        tickets = self._collective_tickets()
-        sends = [self.learners[r].export_weights.remote("collective", self.bucket_bytes, route)
-                 for r, route in self._routes.items()]  # broadcasts, met by the engines' receives below
-        loads = []
-        for i, (e, r, t, shards) in enumerate(zip(self.engines, self.sources, self.transports, self._per_gpu())):
-            if t == "collective":
-                loads.append(e.load_weights.remote(tickets[i]))
-            elif shards:  # vLLM Ray workers: each opens the handles of the rank on its GPU
-                loads.append(e.load_weights_per_gpu.remote([u for _, u in shards], *[payloads[(k, t)] for k, _ in shards]))
-            else:
-                loads.append(e.load_weights.remote(payloads[(r, t)]))
-        counts = ray.get(loads)
+        sends = [self.learners[r].send_weights.remote() for r in exports]  # met by the engines' loads
+        counts = ray.get([e.load_weights.remote(*[exports[r][k] for r, k in feed])
+                          for e, feed in zip(self.engines, self.feeds)])
         ray.get(sends)
-        for i in tickets:  # the plan went with the first push
-            tickets[i].plan = None
-        if "cuda_ipc" in self.transports:  # the engines answered: IPC memory they released can go
-            ray.get([self.learners[r].ipc_collect.remote() for r, t in routes if t == "cuda_ipc"])
+        ray.get([self.learners[r].ipc_collect.remote() for r in exports])  # the engines answered: IPC memory they
+        # released can go (a no-op without CUDA)
         for i, count in enumerate(counts):
             if count != self.expected_count:
                 raise RuntimeError(f"weight push: engine {i} loaded {count} tensors, the learner sent "
                                    f"{self.expected_count}; refusing to roll out with partly stale weights")
         return {"sync/tensors": float(self.expected_count)}
 
-    def _per_gpu(self) -> list[Any]:
-        return self.per_gpu or [None] * len(self.engines)
-
-    def _collective_tickets(self) -> dict[int, Any]:
-        """Engine index -> its CollectiveTicket; on the first call, a route (group) per source rank: the rank's
-        node IP and a free port (it hosts the store), and the bucket plan fetched once from a learner."""
-        from rlsys.weights.collective import CollectiveRoute, CollectiveTicket
-
-        fed: dict[int, list[int]] = {}
-        for i, (r, t) in enumerate(zip(self.sources, self.transports)):
-            if t == "collective":
-                fed.setdefault(r, []).append(i)
-        if fed and not self._routes:
-            plan = ray.get(self.learners[min(fed)].weight_plan.remote(self.bucket_bytes))
-            for r, engines in sorted(fed.items()):
-                host, port = ray.get(self.learners[r].address.remote())
-                timeout = {} if self.collective_timeout_s is None else {"timeout_s": self.collective_timeout_s}
-                route = CollectiveRoute(
-                    name=f"learner-{r} -> " + ", ".join(f"rollout-{i}" for i in engines), host=host, port=port,
-                    world_size=1 + len(engines), backend=self.collective_backend, **timeout)
-                self._routes[r] = route
-                self._tickets.update({i: CollectiveTicket(route=route, rank=k + 1, plan=plan)
-                                      for k, i in enumerate(engines)})
-        return self._tickets
+    def _exports(self) -> dict[int, list[Any]]:
+        """Feeding rank -> the refs of its payloads, one per transport it was given."""
+        links: dict[int, int] = {}
+        for feed in self.feeds:
+            for r, k in feed:
+                links[r] = max(links.get(r, 0), k + 1)
+        exports = {}
+        for r, n in sorted(links.items()):
+            export = self.learners[r].export_weights
+            exports[r] = [export.remote()] if n == 1 else list(export.options(num_returns=n).remote())
+        return exports
 
     def check_canary(self) -> dict[str, float]:
         """The stale-weights alarm: the engines' logprobs on a fixed sequence against the learner's (all scored at
@@ -168,19 +131,24 @@ def mean_abs_diff(a: list[float], b: list[float]) -> float:
 
 
 def route_weights(requested: str, learners: list[Any], rollouts: list[Any], feeders: list[list[int]],
-                  infos: list[dict[str, Any]]) -> RoutePlan:
+                  infos: list[dict[str, Any]], bucket_bytes: int, collective_timeout_s: float | None = None) -> RoutePlan:
     """The job's weight routes, decided once: where each learner rank's weights live (`Learner.device_where`) and
-    what each engine reported (``infos``) into `plan_routes` (``requested``: `sync.transport`); each route is
-    logged and given to both sides, the engine (`set_route`) and the learner ranks that feed it
-    (`open_transports`), before the first push."""
+    what each engine reported (``infos``) into `plan_routes` (``requested``: `sync.transport`), a group per source
+    rank of collective routes (hosted at the rank's address); each route is logged and given to both sides, the
+    engine (`set_route`) and the learner ranks that feed it (`open_transports`), before the first push."""
     from rlsys.weights.routes import plan_routes  # noqa: PLC0415 (rlsys.weights imports torch: not at import)
+    from rlsys.weights.transport import make_transport  # noqa: PLC0415
 
     wheres = ray.get([rank.device_where.remote() for rank in learners])
     plan = plan_routes(requested, wheres, feeders, infos)
+    sources = plan.collective_sources()
+    addresses = dict(zip(sources, ray.get([learners[r].address.remote() for r in sources])))
+    plan = plan.with_groups(addresses, collective_timeout_s)
     for i, route in enumerate(plan.routes):
         print(f"rlsys: weights {route.fed_by()} -> rollout-{i}: {route.transport} ({route.why})", flush=True)
     ray.get([rollout.set_route.remote(route) for rollout, route in zip(rollouts, plan.routes)]
-            + [rank.open_transports.remote(plan.transports_of(r)) for r, rank in enumerate(learners)])
+            + [rank.open_transports.remote([make_transport(name, plan.group_of(r)) for name in plan.transports_of(r)],
+                                           bucket_bytes) for r, rank in enumerate(learners)])
     return plan
 
 

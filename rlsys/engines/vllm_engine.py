@@ -16,12 +16,13 @@ module (and its helpers) import on machines without vLLM.
   both; `wake(["weights"])` then `wake(["kv_cache"])` lets the weight push land before the KV cache comes back.
   After `sleep(2)` the weights count as dropped until a push refilled every parameter: generating or scoring
   before that raises instead of serving garbage (vLLM #29341, TRL #5312).
-- Weight push: `load_payload` pickles the transport payload (CUDA IPC handles, or CPU buckets) and sends it
-  to the worker extension (actors/vllm_ext.py) in ONE `collective_rpc` for all buckets. One RPC per bucket
+- Weight push: the workers get a copy of the caller's transport once (`rlsys_set_transport`, actors/vllm_ext.py);
+  then `load_payload` pickles the transport payload (CUDA IPC handles, or CPU buckets) and sends it
+  to the worker extension in ONE `collective_rpc` for all buckets. One RPC per bucket
   pays off when the sender streams through one staging buffer, but `BucketPacker` keeps
   every bucket alive for reuse, so all handles are ready at once and one RPC pays the round trip (~1 ms) once.
-  It is still one handle per bucket, never one RPC per tensor. For `collective` the payload is a small ticket
-  (route, rank, the bucket plan once) and the worker receives the buckets by NCCL broadcast during that RPC.
+  It is still one handle per bucket, never one RPC per tensor. For `collective` the payload is the bucket plan
+  (first push only, else None) and the worker receives the buckets by NCCL broadcast during that RPC.
 """
 from __future__ import annotations
 
@@ -47,7 +48,6 @@ log = logging.getLogger(__name__)
 WORKER_EXTENSION = "actors.vllm_ext.WorkerExtension"
 WAKE_TAGS = ("weights", "kv_cache")
 WEIGHTS_DROPPED = "weights dropped by sleep(level=2); push the weights (load_payload) before serving"
-_RPC_METHODS = {"cuda_ipc": "rlsys_load_ipc", "object_store": "rlsys_load_buckets", "collective": "rlsys_load_collective"}
 GIB = 1 << 30
 
 
@@ -377,6 +377,7 @@ class VLLMEngine(Engine):
         self.eos_token_ids = eos_token_ids
         self.sleep_mode = sleep_mode
         self.last_load: dict[str, Any] = {}  # the worker's report of the latest push (path, timings)
+        self._workers_transport: Any = None  # the transport whose copy the workers receive by
         self._seed_rng = torch.Generator().manual_seed(seed)  # seeds for requests that name none
         self._ids = itertools.count()
         self._id_prefix = secrets.token_hex(3)
@@ -455,12 +456,17 @@ class VLLMEngine(Engine):
         self._check_open()
         if "weights" in self._asleep:
             raise RuntimeError("load_payload: the weights are asleep; wake(['weights']) before pushing")
-        kind = getattr(transport, "name", None)
-        if kind not in _RPC_METHODS:
-            raise ValueError(f"VLLMEngine cannot receive weights through transport {kind!r}")
+        from rlsys.weights.transport import WeightTransport
+
+        if not isinstance(transport, WeightTransport):
+            raise ValueError(f"VLLMEngine cannot receive weights through {transport!r}: not a weight transport "
+                             "(rlsys.weights.transport.WeightTransport)")
+        if transport is not self._workers_transport:  # once per transport: the workers keep their copy's caches
+            await self.llm.collective_rpc("rlsys_set_transport", args=(pickle.dumps(transport),))
+            self._workers_transport = transport
         loop = asyncio.get_running_loop()
         start = loop.time()
-        results = await self.llm.collective_rpc(_RPC_METHODS[kind], args=(pickle.dumps(payload),))
+        results = await self.llm.collective_rpc("rlsys_load_weights", args=(pickle.dumps(payload),))
         counts = sorted({int(r["count"]) for r in results})
         if len(counts) != 1:
             raise RuntimeError(f"weight push: vLLM workers loaded different numbers of tensors: {counts}")

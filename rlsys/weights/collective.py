@@ -10,11 +10,12 @@ is rank 0 and hosts the TCP rendezvous store), and every push is one broadcast p
   examples/offline_inference/rlhf_utils.py builds it (a torch `ProcessGroupNCCL` on a `TCPStore` when vLLM is
   not importable; both sides of a route must see the same choice, i.e. run in the same environment); on CPU a
   `ProcessGroupGloo` on a `TCPStore`, built directly and never registered as a default group.
-- Groups are joined lazily, on the first push of a route: the driver hands the learner a `CollectiveRoute`
-  and each engine a `CollectiveTicket` (route + its rank), and both calls meet at the rendezvous.
-- The bucket plan (names, shapes, dtypes, offsets) travels through Ray once, in the first ticket; the
-  receiver allocates one buffer per bucket on its device, reused by every later push. Only bytes go through
-  the collective, one broadcast per bucket (never one per tensor).
+- The driver plans the route at job start and gives each side a `CollectiveTransport` on it, with its group rank
+  (the learner 0, its engines 1..); groups are joined lazily, on the first push, where both sides meet at the
+  rendezvous.
+- The bucket plan (names, shapes, dtypes, offsets) travels through Ray once, as the payload of the first push
+  (`export`; None afterwards); the receiver allocates one buffer per bucket on its device, reused by every later
+  push. Only bytes go through the collective (`send`), one broadcast per bucket (never one per tensor).
 - Every wait has a timeout (`CollectiveRoute.timeout_s`: the store's rendezvous and gloo's collectives); a
   side that never joins makes the other fail with `CollectiveError` naming the route, instead of hanging.
   NCCL collectives themselves have no timeout once the group exists (vLLM's communicator sets none).
@@ -56,19 +57,6 @@ class CollectiveRoute:
             raise ValueError(f"weight route {self.name}: backend {self.backend!r} is not nccl or gloo")
         if self.world_size < 2:
             raise ValueError(f"weight route {self.name}: world_size {self.world_size} < 2 (a learner and an engine)")
-
-
-@dataclass
-class CollectiveTicket:
-    """What Ray carries to an engine for a collective push: its route and rank; the plan on the first push only."""
-
-    route: CollectiveRoute
-    rank: int  # this engine's rank in the route's group, 1 .. world_size - 1
-    plan: list[list[TensorMeta]] | None = None  # the learner's bucket layout; None = as last time
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.rank < self.route.world_size:
-            raise ValueError(f"weight route {self.route.name}: engine rank {self.rank} outside 1..{self.route.world_size - 1}")
 
 
 class WeightGroup:
@@ -148,56 +136,86 @@ class WeightGroup:
 
 
 class CollectiveTransport:
-    """Learner side: `export(buckets, route)` broadcasts every bucket buffer. Engine side: `receive(ticket)`
-    (engines in this process) or `receive_buckets(ticket, device)` (vLLM's worker) receives them into buffers
-    of its own and returns views. One object per process keeps the joined groups and the receive buffers."""
+    """One side of a route: group rank 0 (the learner) `send`s every bucket buffer by broadcast, after `export`
+    gave the engines the bucket plan (first push only); ranks 1.. (the engines) `receive` them into buffers of their
+    own and return views. One object per process and route keeps the joined group and the receive buffers."""
 
     name = "collective"
+    one_receiver = True  # the route gives each engine one group rank
 
-    def __init__(self) -> None:
-        self._groups: dict[tuple[str, int, int], WeightGroup] = {}  # (host, port, rank) -> joined group
-        self._plan: list[list[TensorMeta]] | None = None
+    def __init__(self, route: CollectiveRoute | None = None, rank: int = 0) -> None:
+        if route is not None and not 0 <= rank < route.world_size:
+            raise ValueError(f"weight route {route.name}: rank {rank} outside 0..{route.world_size - 1}")
+        self.route, self.rank = route, rank
+        self._group: WeightGroup | None = None
+        self._sent_plan: list[list[TensorMeta]] | None = None  # learner: the plan the engines have
+        self._plan: list[list[TensorMeta]] | None = None  # engine: the plan its buffers follow
         self._buffers: list[torch.Tensor] = []  # (N_b,) uint8 per bucket, on the receiver's device
 
-    def group(self, route: CollectiveRoute, rank: int, device: torch.device) -> WeightGroup:
-        key = (route.host, route.port, rank)
-        if key not in self._groups:
-            self._groups[key] = WeightGroup(route, rank, device)
-        return self._groups[key]
+    def __getstate__(self) -> dict:
+        return {"route": self.route, "rank": self.rank}  # a group and buffers belong to one process
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["route"], state["rank"])
+
+    def _need_route(self) -> CollectiveRoute:
+        if self.route is None:
+            raise ValueError("collective: the transport needs its route (a CollectiveRoute, planned at job start)")
+        return self.route
+
+    def _joined(self, side: str, device: torch.device) -> WeightGroup:
+        self._need_route()
+        if (self.rank == 0) != (side == "learner"):
+            raise ValueError(f"weight route {self.route.name}: group rank {self.rank} is "
+                             f"{'the learner' if self.rank == 0 else 'an engine'}, not the {side}")
+        if self._group is None:
+            self._group = WeightGroup(self.route, self.rank, device)
+        return self._group
 
     # ------------------------------------------------------------------ learner side
-    def export(self, buckets: list[WeightBucket], route: CollectiveRoute | None = None) -> dict[str, float]:
-        """Broadcast every bucket's buffer to the route's engines; returns {"bytes", "buckets"}."""
-        if route is None:
-            raise ValueError("collective: export needs the route (the driver's CollectiveRoute)")
+    def export(self, buckets: list[WeightBucket]) -> list[list[TensorMeta]] | None:
+        """The engines' payload: the bucket plan when it differs from what they have (the first push), else None."""
+        self._need_route()
+        plan = [list(b.metas) for b in buckets]
+        if plan == self._sent_plan:
+            return None
+        self._sent_plan = plan
+        return plan
+
+    def send(self, buckets: list[WeightBucket]) -> None:
+        """Broadcast every bucket's buffer to the route's engines (they receive meanwhile)."""
+        route = self._need_route()
         device = buckets[0].buffer.device if buckets else torch.device("cpu")
         nccl = route.backend == "nccl"
         if nccl and device.type != "cuda":
-            raise CollectiveError(f"weight route {route.name}: nccl needs the learner's buffers on a GPU, got {device}")
+            raise CollectiveError(f"weight route {route.name}: nccl needs the learner's buffers on a GPU, "
+                                  f"got {device}")
         if device.type == "cuda":  # the packing copies must be done before another stream reads the buffers
             torch.cuda.current_stream(device).synchronize()
-        group = self.group(route, 0, device if nccl else torch.device("cpu"))
+        group = self._joined("learner", device if nccl else torch.device("cpu"))
         for b in buckets:
             group.broadcast(b.buffer if nccl or not b.buffer.is_cuda else b.buffer.cpu())
-        return {"bytes": float(sum(b.nbytes for b in buckets)), "buckets": float(len(buckets))}
 
     # ------------------------------------------------------------------ engine side
-    def receive_buckets(self, ticket: CollectiveTicket, device: torch.device | str) -> Iterator[WeightBucket]:
-        """Each bucket as it arrives, its buffer owned by this transport (overwritten by the next push)."""
+    def receive(self, payload: list[list[TensorMeta]] | None,
+                device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, view) pairs as the buckets arrive (``payload``: the learner's `export`, the plan or None), in
+        buffers owned by this transport (overwritten by the next push) on ``device`` (default: CPU on gloo, this
+        process's GPU on nccl)."""
+        route = self._need_route()
+        if device is None:
+            nccl = route.backend == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         device = torch.device(device)
-        route = ticket.route
-        if ticket.plan is not None and ticket.plan != self._plan:
-            self._plan = ticket.plan
-            self._buffers = [torch.empty(bucket_size(metas), dtype=torch.uint8, device=device) for metas in ticket.plan]
+        if payload is not None and payload != self._plan:
+            self._plan = payload
+            self._buffers = [torch.empty(bucket_size(metas), dtype=torch.uint8, device=device) for metas in payload]
         if self._plan is None:
-            raise CollectiveError(f"weight route {route.name}: no bucket plan yet (the first ticket carries it)")
-        group = self.group(route, ticket.rank, device)
+            raise CollectiveError(f"weight route {route.name}: no bucket plan yet (the first push carries it)")
+        group = self._joined("engine", device)
         for buf, metas in zip(self._buffers, self._plan):
             group.broadcast(buf)
-            yield WeightBucket(buffer=buf, metas=metas)
+            yield from unpack_bucket(WeightBucket(buffer=buf, metas=metas))
 
-    def receive(self, ticket: CollectiveTicket) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, view) pairs for an engine in this process: CPU buffers on gloo, this process's GPU on nccl."""
-        device = torch.device("cuda", torch.cuda.current_device()) if ticket.route.backend == "nccl" else torch.device("cpu")
-        for bucket in self.receive_buckets(ticket, device):
-            yield from unpack_bucket(bucket)
+    def counters(self) -> dict[str, int]:
+        return {}

@@ -3,14 +3,17 @@ each engine, and from which learner rank(s).
 
 `plan_routes` is pure: from the requested `sync.transport`, where each learner rank's weights live
 (`Learner.device_where`) and what each engine reports (`RolloutWorker.start`: its node, Ray's GPU ids, vLLM's
-workers), it returns one `EngineRoute` per engine and the collective routes' backend. The driver gives each engine its
-route (`RolloutWorker.set_route`) and each learner rank the transports it exports by (`Learner.open_transports`)
-before the first push, and `jobs.weight_sync.WeightSync` pushes by the same routes; `auto` is resolved here and only
-here: CUDA IPC where learner and engine share a GPU, a collective broadcast (NCCL) between GPUs, the Ray object store
+workers), it returns one `EngineRoute` per engine and the collective routes' backend; `RoutePlan.with_groups` then
+names each collective route's group (its source rank's address). The driver gives each engine its route
+(`RolloutWorker.set_route`, which makes the engine's transport from it) and each learner rank the transports it
+exports by (`Learner.open_transports`, in `RoutePlan.transports_of` order) before the first push; `jobs.weight_sync.
+WeightSync` then pushes along `RoutePlan.feeds` without naming a transport. `auto` is resolved here and only here:
+CUDA IPC where learner and engine share a GPU, a collective broadcast (NCCL) between GPUs, the Ray object store
 otherwise.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +29,16 @@ class EngineRoute:
     why: str  # the placement fact that decided it, for the start-up log
     # vLLM Ray workers fed by CUDA IPC: (learner rank, GPU uuid) per worker, each worker opening its GPU's handles
     per_gpu: tuple[tuple[int, str], ...] | None = None
+    group: Any = None  # collective: the source rank's group (a rlsys.weights.collective.CollectiveRoute)
+    group_rank: int = 0  # collective: this engine's rank in it (1..)
+
+    def ranks(self) -> list[int]:
+        """The learner ranks whose payloads the engine loads, in the order it takes them."""
+        return [r for r, _ in self.per_gpu] if self.per_gpu else [self.source]
 
     def fed_by(self) -> str:
         """The learner ranks whose payloads the engine loads, as the log names them."""
-        return ", ".join(f"learner-{r}" for r, _ in self.per_gpu) if self.per_gpu else f"learner-{self.source}"
+        return ", ".join(f"learner-{r}" for r in self.ranks())
 
 
 @dataclass(frozen=True)
@@ -41,8 +50,38 @@ class RoutePlan:
 
     def transports_of(self, rank: int) -> list[str]:
         """The transports learner rank ``rank`` exports by (sorted; none if it feeds no engine)."""
-        return sorted({route.transport for route in self.routes
-                       if rank in ([r for r, _ in route.per_gpu] if route.per_gpu else [route.source])})
+        return sorted({route.transport for route in self.routes if rank in route.ranks()})
+
+    def group_of(self, rank: int) -> Any:
+        """The collective group learner rank ``rank`` broadcasts to (`with_groups`), or None."""
+        return next((route.group for route in self.routes if route.group is not None and route.source == rank), None)
+
+    def feeds(self) -> list[list[tuple[int, int]]]:
+        """(E,) for each engine, the payloads it loads: (learner rank, index into that rank's `transports_of`)."""
+        return [[(r, self.transports_of(r).index(route.transport)) for r in route.ranks()] for route in self.routes]
+
+    def with_groups(self, addresses: dict[int, tuple[str, int]], timeout_s: float | None = None) -> RoutePlan:
+        """The plan with a group per source rank of collective routes: the rank (group rank 0) hosts the rendezvous
+        at ``addresses[rank]`` (its node IP and a free port), its engines are ranks 1.. in engine order."""
+        from rlsys.weights.collective import CollectiveRoute  # noqa: PLC0415 (torch; the plan itself is pure)
+
+        fed: dict[int, list[int]] = {}
+        for i, route in enumerate(self.routes):
+            if route.transport == "collective":
+                fed.setdefault(route.source, []).append(i)
+        routes = list(self.routes)
+        for rank, engines in sorted(fed.items()):
+            host, port = addresses[rank]
+            group = CollectiveRoute(name=f"learner-{rank} -> " + ", ".join(f"rollout-{i}" for i in engines),
+                                    host=host, port=port, world_size=1 + len(engines), backend=self.collective_backend,
+                                    **({} if timeout_s is None else {"timeout_s": timeout_s}))
+            for k, i in enumerate(engines):
+                routes[i] = dataclasses.replace(routes[i], group=group, group_rank=k + 1)
+        return dataclasses.replace(self, routes=tuple(routes))
+
+    def collective_sources(self) -> list[int]:
+        """The learner ranks that feed an engine by a collective route (they host its rendezvous)."""
+        return sorted({route.source for route in self.routes if route.transport == "collective"})
 
 
 def plan_routes(requested: str, learners: list[dict[str, Any]], feeders: list[list[int]],

@@ -1,16 +1,20 @@
 """Weight transports: how packed buckets travel from the learner to the engine.
 
-All transports share one shape: the learner side turns its buckets into a payload (`export`), Ray carries
-the payload to the rollout actor, and the engine side turns it back into named tensors (`receive`). The
-driver never branches on which one is used (NeMo-RL's `sync_weights()` habit).
+All transports share one shape (`WeightTransport`): the learner side turns its buckets into a payload (`export`)
+and sends whatever does not travel in it (`send`: the collective's broadcasts; nothing for the others), Ray carries
+the payload to the rollout actor, and the engine side turns it back into named tensors (`receive`). Each side is
+given its transport object once, when the job starts (rlsys/weights/routes.py plans them); a push names none, and
+neither the driver nor the actors branch on which one is used (NeMo-RL's `sync_weights()` habit). A transport
+pickles as a fresh one (its route, none of its caches): handles, mappings and groups belong to one process.
 
 - `object_store`: the buckets themselves (CPU tensors), copied through Ray's object store. CPU runs,
   and learner and engine on different nodes.
 - `cuda_ipc`: one CUDA IPC handle per bucket (learner and engine on the same GPU). The payload is a few
   hundred bytes per bucket; the engine process maps the learner's buffer and copies from it in place.
 - `collective` (rlsys/weights/collective.py): one NCCL (GPU) or gloo (CPU) broadcast per bucket over a group
-  of the source learner rank and its engines; two-sided, so the learner's `export` takes the route and the
-  engine's payload is a small ticket. For learner and engine on different GPUs or nodes.
+  of the source learner rank and its engines, given to both sides at start; two-sided: the payload is the bucket
+  plan (first push only) and `send` broadcasts while the engine receives. For learner and engine on different GPUs
+  or nodes.
 
 The CUDA IPC path is built to make a push cost little more than the copies themselves:
 - The learner's `BucketPacker` allocates its buffers once, so `CudaIpcTransport` makes each buffer's
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -43,16 +47,48 @@ _SIZE_ARG = 8
 _OFFSET_ARG = 9
 
 
+@runtime_checkable
+class WeightTransport(Protocol):
+    """How packed buckets travel from a learner rank to an engine; one object per side, given at job start."""
+
+    name: str  # "object_store", "cuda_ipc" or "collective": for logs and errors only
+    # True when the route has one receiving rank per engine (collective): an engine of several workers cannot use it
+    one_receiver: bool
+
+    def export(self, buckets: list[WeightBucket]) -> Any:
+        """Learner side: the payload Ray carries to the engine for these (packed) buckets."""
+
+    def send(self, buckets: list[WeightBucket]) -> None:
+        """Learner side, after `export`, while the engines receive: what does not travel in the payload."""
+
+    def receive(self, payload: Any, device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Engine side: (name, tensor) of every weight in ``payload``, on ``device`` (None: where this process's
+        engine keeps its weights, the current CUDA device or the CPU)."""
+
+    def counters(self) -> dict[str, int]:
+        """Engine side: what the receiver reused or opened so far (CUDA IPC mappings), for the push's report."""
+
+
 class ObjectStoreTransport:
     name = "object_store"
+    one_receiver = False
 
     def export(self, buckets: list[WeightBucket]) -> list[WeightBucket]:
         # the packer refills its buffers on the next push: hand out copies, never its own storage
         return [WeightBucket(buffer=b.buffer.to("cpu", copy=True), metas=b.metas) for b in buckets]
 
-    def receive(self, payload: list[WeightBucket]) -> Iterator[tuple[str, torch.Tensor]]:
+    def send(self, buckets: list[WeightBucket]) -> None:
+        """Nothing: the buckets travel in the payload."""
+
+    def receive(self, payload: list[WeightBucket], device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The CPU buckets' views, or with ``device`` (vLLM's worker) their copies there, one copy per bucket."""
         for bucket in payload:
+            if device is not None:
+                bucket = WeightBucket(buffer=bucket.buffer.to(device, non_blocking=True), metas=bucket.metas)
             yield from unpack_bucket(bucket)
+
+    def counters(self) -> dict[str, int]:
+        return {}
 
 
 # ---------------------------------------------------------------------------------------------- CUDA IPC
@@ -89,17 +125,24 @@ def rebuild_ipc(handle: tuple[Any, Sequence[Any]], device_index: int) -> torch.T
 
 
 class CudaIpcTransport:
-    """Learner side: one handle per (reused) bucket buffer; engine side: `receive` for engines in this process.
+    """Learner side: one handle per (reused) bucket buffer; engine side: `receive` opens them (`IpcBufferCache`).
 
-    Engines whose weights live in another process (vLLM's engine core) forward the payload to that process,
-    which opens it with an `IpcBufferCache`.
+    Engines whose weights live in another process (vLLM's engine core) give that process a copy of this transport
+    once and forward each payload to it.
     """
 
     name = "cuda_ipc"
+    one_receiver = False
 
-    def __init__(self) -> None:
+    def __init__(self, receiver: IpcBufferCache | None = None) -> None:
         self._handles: dict[tuple[int, int, int], tuple[Any, tuple, int]] = {}  # (ptr, nbytes, device) -> handle
-        self._receiver = IpcBufferCache()
+        self._receiver = receiver or IpcBufferCache()
+
+    def __getstate__(self) -> dict:
+        return {}  # handles are the sender's, mappings the receiver's: a copy starts empty
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
     def export(self, buckets: list[WeightBucket]) -> list[IpcBucket]:
         from torch.multiprocessing.reductions import reduce_tensor  # noqa: PLC0415
@@ -125,9 +168,21 @@ class CudaIpcTransport:
             payload.append(IpcBucket(handle=handle, metas=metas, nbytes=b.buffer.numel(), layout=layout))
         return payload
 
-    def receive(self, payload: list[IpcBucket]) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, view) pairs on this process's current CUDA device (for in-process engines)."""
-        yield from self._receiver.views(payload, torch.cuda.current_device())
+    def send(self, buckets: list[WeightBucket]) -> None:
+        """Nothing: the handles travel in the payload."""
+
+    def receive(self, payload: list[IpcBucket] | PerGpuPayload,
+                device: torch.device | None = None) -> list[tuple[str, torch.Tensor]]:
+        """(name, view) pairs on ``device`` (default: this process's current CUDA device), the views sharing the
+        learner's buffers; a `PerGpuPayload` gives this device's GPU's handles. Opened buffers are kept for the
+        next push."""
+        index = torch.cuda.current_device() if device is None else device.index
+        if isinstance(payload, PerGpuPayload):
+            payload = payload.for_gpu(gpu_uuid(index if device is None else device))
+        return self._receiver.views(payload, index)
+
+    def counters(self) -> dict[str, int]:
+        return {"opened": self._receiver.opened, "reused": self._receiver.reused}
 
 
 def gpu_uuid(device: torch.device | int) -> str:
@@ -367,9 +422,10 @@ def _is_row_padding(dst: torch.Tensor, shape: tuple[int, ...]) -> bool:
     return dst.dim() >= 1 and shape[0] < dst.shape[0]
 
 
-def make_transport(name: str) -> ObjectStoreTransport | CudaIpcTransport | CollectiveTransport:
+def make_transport(name: str, route: Any = None, rank: int = 0) -> WeightTransport:
     """`object_store`/`auto` -> ObjectStoreTransport, `cuda_ipc` -> CudaIpcTransport, `collective` ->
-    CollectiveTransport (rlsys/weights/collective.py).
+    CollectiveTransport (rlsys/weights/collective.py) on ``route`` (a `CollectiveRoute`) as group rank ``rank``
+    (0: the learner).
 
     `auto` is resolved per engine by the route plan (rlsys/weights/routes.py `plan_routes`), which knows whether
     learner and engine share a GPU; on its own it means the transport that works everywhere.
@@ -379,5 +435,5 @@ def make_transport(name: str) -> ObjectStoreTransport | CudaIpcTransport | Colle
     if name == "cuda_ipc":
         return CudaIpcTransport()
     if name == "collective":
-        return CollectiveTransport()
+        return CollectiveTransport(route, rank)
     raise ValueError(f"sync.transport {name!r} is unknown; expected auto, cuda_ipc, collective or object_store")

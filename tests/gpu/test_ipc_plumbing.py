@@ -226,7 +226,7 @@ def make_worker():
 def test_worker_loads_ipc_buckets_first_through_load_weights_then_by_direct_copy():
     ipc = FakeIpc()
     worker = make_worker()
-    worker._rlsys_ipc_cache = IpcBufferCache(rebuild=lambda h, d: rebuild_ipc(h, d))
+    worker._rlsys_transport = CudaIpcTransport(receiver=IpcBufferCache(rebuild=lambda h, d: rebuild_ipc(h, d)))
     first = hf_weights(0)
     packer = BucketPacker.for_tensors(first, bucket_bytes=512)  # several buckets
 
@@ -235,11 +235,11 @@ def test_worker_loads_ipc_buckets_first_through_load_weights_then_by_direct_copy
         return pickle.dumps([IpcBucket(ipc.handle(f"b{i}".encode(), b.buffer), b.metas, b.nbytes,
                                        layout=layout_id(b.metas)) for i, b in enumerate(buckets)])
 
-    info = worker.rlsys_load_ipc(payload(first))
+    info = worker.rlsys_load_weights(payload(first))
     assert info["count"] == len(first) and info["path"] == "load_weights" and info["missing"] == []
     assert info["plan_refused"] is None and info["opened"] == len(packer.buffers)
     second = hf_weights(1)
-    info = worker.rlsys_load_ipc(payload(second))
+    info = worker.rlsys_load_weights(payload(second))
     assert info["path"] == "direct" and info["opened"] == len(packer.buffers), "mappings are reused"
     reference = FakeVllmModel()
     reference.load_weights(second)
@@ -251,8 +251,10 @@ def test_worker_loads_ipc_buckets_first_through_load_weights_then_by_direct_copy
 def test_worker_loads_cpu_buckets_of_the_object_store_transport():
     worker = make_worker()
     first = hf_weights(0)
-    payload = make_transport("object_store").export(BucketPacker.for_tensors(first).pack(first))
-    info = worker.rlsys_load_buckets(pickle.dumps(payload))
+    transport = make_transport("object_store")
+    payload = transport.export(BucketPacker.for_tensors(first).pack(first))
+    worker.rlsys_set_transport(pickle.dumps(transport))
+    info = worker.rlsys_load_weights(pickle.dumps(payload))
     assert info["count"] == len(first) and info["missing"] == []
 
 
@@ -283,12 +285,14 @@ def test_engine_refuses_to_serve_after_level_2_until_a_push_and_wakes_weights_fi
 
     async def scenario():
         await engine.sleep(2)
+        transport = make_transport("cuda_ipc")
         with pytest.raises(RuntimeError, match="asleep"):
-            await engine.load_payload(make_transport("cuda_ipc"), [])
+            await engine.load_payload(transport, [])
         await engine.wake()  # both tags: weights must come first
         with pytest.raises(RuntimeError, match="dropped"):
             await engine.score([1], [2])
-        assert await engine.load_payload(make_transport("cuda_ipc"), []) == 11
+        assert await engine.load_payload(transport, []) == 11
+        assert await engine.load_payload(transport, []) == 11  # the workers keep their transport: no second set
         assert not engine.weights_dropped
         await engine.wake(["kv_cache"])  # already awake: no second wake_up
         await engine.sleep(1)
@@ -299,7 +303,7 @@ def test_engine_refuses_to_serve_after_level_2_until_a_push_and_wakes_weights_fi
 
     asyncio.run(scenario())
     assert ("wake_up", ("weights", "kv_cache")) in llm.calls
-    assert llm.calls.count(("rpc", "rlsys_load_ipc")) == 1
+    assert llm.calls.count(("rpc", "rlsys_set_transport")) == 1 and llm.calls.count(("rpc", "rlsys_load_weights")) == 2
     assert [c for c in llm.calls if c[0] == "wake_up"][-1] == ("wake_up", ("weights",))
     assert "dropped" in WEIGHTS_DROPPED
 

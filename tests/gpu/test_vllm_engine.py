@@ -78,10 +78,15 @@ def tol():
 
 # ------------------------------------------------------------------ helpers
 def push(loop, engine, learner) -> int:
+    """One push by CUDA IPC; each side keeps its transport across pushes, as in a job (rlsys/weights/routes.py)."""
     from rlsys.weights.transport import make_transport
 
-    payload = learner.export_weights("cuda_ipc", BUCKET_BYTES)
-    count = loop.run_until_complete(engine.load_payload(make_transport("cuda_ipc"), payload))
+    if not learner._transports:
+        learner.open_transports([make_transport("cuda_ipc")], BUCKET_BYTES)
+    receiver = getattr(engine, "_test_receiver", None) or make_transport("cuda_ipc")
+    engine._test_receiver = receiver
+    payload = learner.export_weights()
+    count = loop.run_until_complete(engine.load_payload(receiver, payload))
     learner.ipc_collect()
     return count
 

@@ -5,6 +5,8 @@ both engines hold the same weights, by the object store (`auto` on CPU) and by g
 route failing with an error that names it instead of hanging."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -71,8 +73,8 @@ def test_world_size_two_places_trains_and_keeps_weights_equal(two_nodes, tmp_pat
         trained = ray.get([rank.last_trained.remote() for rank in job.learners])
         assert all(trained) and not {tuple(s.input_ids) for s in trained[0]} & {tuple(s.input_ids) for s in trained[1]}
         if transport == "collective":  # a group per (rank, engine) pair: rank r feeds engine r
-            assert sorted(route.name for route in job.weights._routes.values()) == [
-                "learner-0 -> rollout-0", "learner-1 -> rollout-1"]
+            assert [(route.group.name, route.group_rank) for route in job.weights.routes] == [
+                ("learner-0 -> rollout-0", 1), ("learner-1 -> rollout-1", 1)]
     finally:
         job.shutdown()
 
@@ -102,7 +104,7 @@ def test_tensor_parallel_layout_one_engine_over_two_gpus_fed_by_both_ranks(two_g
                      agent_fn=str(PLUGINS / "recording_agent.py"), reward_fn_path=str(PLUGINS / "length_reward.py"))
     job = Job.start(cfg)
     try:
-        assert len(job.learners) == 2 and len(job.rollouts) == 1 and job.weights.sources == [0]
+        assert len(job.learners) == 2 and len(job.rollouts) == 1 and job.weights.feeds == [[(0, 0)]]
         assert job.proxies[0]["gpu_ids"] == [] and job.proxies[0]["transport"] == "object_store"
         gpus = [ray.get(rank.device_where.remote())["gpu_ids"] for rank in job.learners]
         assert sorted(g for ids in gpus for g in ids) == ["0", "1"]
@@ -123,13 +125,14 @@ def test_tensor_parallel_layout_one_engine_over_two_gpus_fed_by_both_ranks(two_g
 def test_collective_transport_on_cpu_trains_keeps_weights_equal_and_fails_fast_on_a_broken_route(ray_local, tmp_path):
     ray = ray_local
     from jobs.job import Job
-    from rlsys.weights.collective import CollectiveRoute, CollectiveTicket
+    from rlsys.weights.collective import CollectiveRoute
+    from rlsys.weights.transport import make_transport
 
     cfg = job_config(tmp_path, "model.dtype=float32", "sync.transport=collective", max_steps="2",
                      agent_fn=str(PLUGINS / "recording_agent.py"), reward_fn_path=str(PLUGINS / "length_reward.py"))
     job = Job.start(cfg)
     try:
-        assert job.weights.transports == ["collective"] and job.weights.collective_backend == "gloo"
+        assert [p["transport"] for p in job.proxies] == ["collective"] and job.weights.feeds == [[(0, 0)]]
         for step in range(2):
             refs, summaries = job.rollout(job.data.next_batch(cfg.rollout.batch_size), step)
             job.engines.sleep(level=1)
@@ -143,20 +146,23 @@ def test_collective_transport_on_cpu_trains_keeps_weights_equal_and_fails_fast_o
             assert learner.keys() <= engine.keys()  # the engine also lists tied weights (lm_head)
             for name, tensor in learner.items():
                 assert torch.equal(engine[name], tensor), f"step {step}: engine differs on {name}"
-        (route,) = job.weights._routes.values()
-        assert route.name == "learner-0 -> rollout-0" and route.world_size == 2
-        assert job.weights._tickets[0].plan is None  # the plan travelled once, with the first push
+        (route,) = job.weights.routes
+        assert route.group.name == "learner-0 -> rollout-0" and route.group.world_size == 2 and route.group_rank == 1
+        assert ray.get(job.learner.export_weights.remote()) is None  # the plan travelled once, with the first push
 
         # a broken route: each side alone fails within its timeout, naming the route
-        dead = CollectiveRoute(name="learner-0 -> rollout-0 (broken)", host=route.host, port=_free_port(),
+        dead = CollectiveRoute(name="learner-0 -> rollout-0 (broken)", host=route.group.host, port=_free_port(),
                                world_size=2, backend="gloo", timeout_s=3.0)
+        ray.get(job.learner.open_transports.remote([make_transport("collective", dead)]))
+        plan = ray.get(job.learner.export_weights.remote())  # a new transport: the plan again
         with pytest.raises(Exception, match=r"learner-0 -> rollout-0 \(broken\).*did not join") as err:
-            ray.get(job.learner.export_weights.remote("collective", job.weights.bucket_bytes, dead), timeout=60)
+            ray.get(job.learner.send_weights.remote(), timeout=60)
         assert "learner (rank 0)" in str(err.value)
-        dead = CollectiveRoute(name="learner-0 -> rollout-0 (broken)", host=route.host, port=_free_port(),
+        dead = CollectiveRoute(name="learner-0 -> rollout-0 (broken)", host=route.group.host, port=_free_port(),
                                world_size=2, backend="gloo", timeout_s=3.0)
+        ray.get(job.rollouts[0].set_route.remote(dataclasses.replace(route, group=dead)))
         with pytest.raises(Exception, match=r"learner-0 -> rollout-0 \(broken\)") as err:
-            ray.get(job.rollouts[0].load_weights.remote(CollectiveTicket(route=dead, rank=1)), timeout=60)
+            ray.get(job.rollouts[0].load_weights.remote(plan), timeout=60)
         assert "engine (rank 1)" in str(err.value)
     finally:
         job.shutdown()

@@ -11,8 +11,8 @@ import torch
 import torch.multiprocessing as mp
 
 from rlsys.weights.buckets import BucketPacker
-from rlsys.weights.collective import CollectiveError, CollectiveRoute, CollectiveTicket, CollectiveTransport
-from rlsys.weights.transport import make_transport
+from rlsys.weights.collective import CollectiveError, CollectiveRoute, CollectiveTransport
+from rlsys.weights.transport import WeightTransport, make_transport
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,17 +37,17 @@ def _route(port: int, timeout_s: float = 30.0) -> CollectiveRoute:
                            backend="gloo", timeout_s=timeout_s)
 
 
-def _engine(port: int, plan, pushes: int, out) -> None:
-    """Rank 1: receive ``pushes`` pushes (the plan with the first only), report what arrived.
+def _engine(port: int, payloads, out) -> None:
+    """Rank 1: receive one push per payload (the learner's `export`: the plan with the first only), report what
+    arrived. The transport is made, pickled and unpickled as the driver gives it to an engine.
 
     The tensors go back as ``torch.save`` bytes: a tensor put on a multiprocessing queue travels as a file
     descriptor that this process must still be alive to hand over, and it exits right after the put."""
     try:
-        transport = CollectiveTransport()
+        transport = make_transport("collective", _route(port), 1)
         got = []
-        for k in range(pushes):
-            ticket = CollectiveTicket(route=_route(port), rank=1, plan=plan if k == 0 else None)
-            got.append({n: t.clone() for n, t in transport.receive(ticket)})
+        for payload in payloads:
+            got.append({n: t.clone() for n, t in transport.receive(payload)})
         buffer = io.BytesIO()
         torch.save(got, buffer)
         out.put(("ok", buffer.getvalue()))
@@ -59,14 +59,17 @@ def test_gloo_broadcast_delivers_every_bucket_bit_for_bit_push_after_push():
     packer = BucketPacker.for_tensors(_weights(0), bucket_bytes=2048)  # several buckets, one oversize
     assert len(packer.plan) >= 3
     port = _free_port()
+    sender = make_transport("collective", _route(port))
+    assert isinstance(sender, WeightTransport)
+    payloads = [sender.export(packer.pack(_weights(0))), sender.export(packer.pack(_weights(0)))]
+    assert payloads == [packer.plan, None], "the plan travels with the first push only"
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    engine = ctx.Process(target=_engine, args=(port, packer.plan, 2, out))
+    engine = ctx.Process(target=_engine, args=(port, payloads, out))
     engine.start()
     try:
-        sender = make_transport("collective")
-        sent = [sender.export(packer.pack(_weights(k)), _route(port)) for k in range(2)]
-        assert sent[0] == {"bytes": float(packer.total_bytes), "buckets": float(len(packer.plan))}
+        for k in range(2):
+            sender.send(packer.pack(_weights(k)))
         status, got = out.get(timeout=60)
         assert status == "ok", got
     finally:
@@ -83,29 +86,45 @@ def test_learner_side_fails_naming_the_route_when_no_engine_joins():
     packer = BucketPacker.for_tensors(_weights(0))
     start = time.monotonic()
     with pytest.raises(CollectiveError, match=r"learner-0 -> rollout-0.*learner \(rank 0\).*did not join"):
-        CollectiveTransport().export(packer.pack(_weights(0)), _route(_free_port(), timeout_s=2.0))
+        CollectiveTransport(_route(_free_port(), timeout_s=2.0)).send(packer.pack(_weights(0)))
     assert time.monotonic() - start < 30
 
 
 def test_engine_side_fails_naming_the_route_when_the_learner_is_not_there():
     plan = BucketPacker.for_tensors(_weights(0)).plan
-    ticket = CollectiveTicket(route=_route(_free_port(), timeout_s=2.0), rank=1, plan=plan)
     start = time.monotonic()
     with pytest.raises(CollectiveError, match=r"learner-0 -> rollout-0.*engine \(rank 1\)"):
-        list(CollectiveTransport().receive(ticket))
+        list(CollectiveTransport(_route(_free_port(), timeout_s=2.0), 1).receive(plan))
     assert time.monotonic() - start < 30
 
 
 def test_engine_without_a_plan_and_bad_routes_are_refused():
-    ticket = CollectiveTicket(route=_route(_free_port()), rank=1)
     with pytest.raises(CollectiveError, match="no bucket plan"):
-        list(CollectiveTransport().receive(ticket))
+        list(CollectiveTransport(_route(_free_port()), 1).receive(None))
     with pytest.raises(ValueError, match="backend"):
         CollectiveRoute(name="r", host="h", port=1, world_size=2, backend="mpi")
     with pytest.raises(ValueError, match="rank 2"):
-        CollectiveTicket(route=_route(1), rank=2)
-    with pytest.raises(ValueError, match="needs the route"):
-        CollectiveTransport().export([], None)
+        CollectiveTransport(_route(1), 2)
+    with pytest.raises(ValueError, match="needs its route"):
+        CollectiveTransport().export([])
+    with pytest.raises(ValueError, match="group rank 1 is an engine, not the learner"):
+        CollectiveTransport(_route(1), 1).send([])
+    with pytest.raises(ValueError, match="group rank 0 is the learner, not the engine"):
+        list(CollectiveTransport(_route(1), 0).receive(BucketPacker.for_tensors(_weights(0)).plan))
+
+
+def test_a_transport_travels_as_its_route_without_its_caches():
+    import pickle
+
+    sent = CollectiveTransport(_route(1), 1)
+    sent._plan = [[]]  # a receiver that has taken a push
+    copy = pickle.loads(pickle.dumps(sent))
+    assert (copy.route, copy.rank, copy._plan, copy._group) == (sent.route, 1, None, None)
+    ipc = make_transport("cuda_ipc")
+    ipc._handles[(1, 2, 0)] = ("handle", [], 0)
+    assert pickle.loads(pickle.dumps(ipc))._handles == {}
+    for name in ("object_store", "cuda_ipc", "collective"):
+        assert isinstance(make_transport(name), WeightTransport), name
 
 
 # ------------------------------------------------------------------ choosing the transport by placement

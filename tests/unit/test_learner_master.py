@@ -40,8 +40,11 @@ def test_small_updates_survive_only_with_fp32_masters(tmp_path, tiny_model_path,
         assert moved < 0.5, moved  # most 1e-6 steps are below half a bf16 ulp
 
     # pushes carry the engine's dtype: bf16, whatever the masters are
-    payload = learner.export_weights("object_store")
     from rlsys.weights.buckets import unpack_bucket
+    from rlsys.weights.transport import make_transport
+
+    learner.open_transports([make_transport("object_store")])
+    payload = learner.export_weights()
 
     pushed = dict(t for bucket in payload for t in unpack_bucket(bucket))
     assert {t.dtype for t in pushed.values()} == {torch.bfloat16}

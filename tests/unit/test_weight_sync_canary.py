@@ -26,9 +26,9 @@ class _Actor:
 
 def _sync(engine_logprobs: list[float], every: int) -> tuple[weight_sync.WeightSync, _Actor, _Actor]:
     learner, engine = _Actor([-1.0, -2.0]), _Actor(engine_logprobs)
-    sync = weight_sync.WeightSync(learners=[learner], engines=[engine], sources=[0], transports=["object_store"],
-                              bucket_bytes=1 << 20, expected_count=1, canary_prompt=[1, 2],
-                              canary_continuation=[3, 4], canary_tol=0.01, canary_every=every)
+    sync = weight_sync.WeightSync(learners=[learner], engines=[engine], feeds=[[(0, 0)]], expected_count=1,
+                                  canary_prompt=[1, 2], canary_continuation=[3, 4], canary_tol=0.01,
+                                  canary_every=every)
     return sync, learner, engine
 
 
