@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlsys.config import Config, ConfigError, load_config
+from rlsys.config import Config, ConfigError, leaf_items, load_config
 
 LEGAL_OUTCOMES = ("legal_suboptimal", "optimal", "win")
 OUTCOME_ORDER = ("no_tool_call", "parse_error", "occupied", "out_of_range", *LEGAL_OUTCOMES)
@@ -115,17 +115,11 @@ def read_recipe(path: str | Path) -> Recipe:
     return Recipe(path=p, stages=stages, run_dir=str(data.get("run_dir", "")), seed=data.get("seed"), report=report)
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> list[str]:
+def _flatten(tree: dict[str, Any]) -> list[str]:
     """{"learner": {"lr": 3e-3}} -> ["learner.lr=0.003"] (values written as TOML, parsed back by load_config)."""
     import tomli_w
 
-    out = []
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out += _flatten(value, f"{prefix}{key}.")
-        else:
-            out.append(f"{prefix}{key}={tomli_w.dumps({'v': value}).partition('=')[2].strip()}")
-    return out
+    return [f"{key}={tomli_w.dumps({'v': value}).partition('=')[2].strip()}" for key, value in leaf_items(tree)]
 
 
 def resolve_stages(recipe: Recipe, run_dir: Path, namespace: str, cli_overrides: list[str]) -> list[Config]:
@@ -335,7 +329,7 @@ def _moving_mean(ys: list[float], k: int) -> list[float]:
 
 # --- command line ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from rlsys.errors import UserInputError
+    from rlsys.errors import exit_status
 
     parser = argparse.ArgumentParser(prog="python -m jobs.recipe", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, metavar="RECIPE.toml", help="the recipe file")
@@ -345,15 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="[STAGE:]KEY=VALUE",
                         help="dotted overrides for one stage (gspo:max_steps=50) or every stage (seed=3)")
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> None:
         recipe = read_recipe(args.config)
         if args.seed is not None:
             recipe.seed = args.seed
         run_recipe(recipe, args.run_dir, args.overrides, window=args.window)
-    except UserInputError as err:
-        print(f"rlsys recipe: {err}", file=sys.stderr)
-        return 2
-    return 0
+
+    return exit_status(run, "rlsys recipe")
 
 
 if __name__ == "__main__":

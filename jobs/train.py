@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from rlsys.config import Config, add_config_args, config_from_args, dump_config
-from rlsys.errors import UserInputError
+from rlsys.errors import exit_status
 from rlsys.metrics import MetricsLogger, Timer, console_line, failure_lines, rollout_metrics
 from rlsys.trackers import open_trackers
 
@@ -234,12 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.splitlines()[0])
     add_config_args(parser)
     args = parser.parse_args(argv)
-    try:
-        run_training(config_from_args(args))
-    except UserInputError as err:
-        print(f"rlsys: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(lambda: run_training(config_from_args(args)))
 
 
 if __name__ == "__main__":

@@ -497,7 +497,7 @@ def load_config(
     sources: dict[str, str] = {}
     if path is not None:
         tree = read_toml(path)
-        for key in _leaf_paths(tree):
+        for key, _ in leaf_items(tree):
             sources[key] = f"file {path}"
     for flag, value in (flags or {}).items():
         if flag not in FLAGS:
@@ -573,13 +573,14 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _leaf_paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
+def leaf_items(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """{"learner": {"lr": 3e-3}} -> [("learner.lr", 3e-3)]: every value of a nested table with its dotted path."""
     out = []
     for k, v in tree.items():
         if isinstance(v, dict):
-            out += _leaf_paths(v, f"{prefix}{k}.")
+            out += leaf_items(v, f"{prefix}{k}.")
         else:
-            out.append(prefix + k)
+            out.append((prefix + k, v))
     return out
 
 

@@ -256,25 +256,21 @@ def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path]
     else:
         skipped.append("reward.png: no rollout/rewards_mean")
 
-    steps, values = run.series("rollout/response_len_mean")
-    if steps:
+    def plot_series(key: str, name: str, color: str, ylabel: str, what: str) -> None:
+        """One metric against the step, as ``name``; skipped (and said) when the run has none of it."""
+        steps, values = run.series(key)
+        if not steps:
+            skipped.append(f"{name}: no {key}")
+            return
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(steps, values, color="tab:green")
-        ax.set(xlabel="step", ylabel="tokens", title=f"response length (mean sampled tokens): {title}")
+        ax.plot(steps, values, color=color)
+        ax.set(xlabel="step", ylabel=ylabel, title=f"{what}: {title}")
         ax.grid(alpha=0.3)
-        save(fig, "response_len.png")
-    else:
-        skipped.append("response_len.png: no rollout/response_len_mean")
+        save(fig, name)
 
-    steps, values = run.series("train/loss")
-    if steps:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(steps, values, color="tab:purple")
-        ax.set(xlabel="step", ylabel="loss", title=f"train/loss: {title}")
-        ax.grid(alpha=0.3)
-        save(fig, "loss.png")
-    else:
-        skipped.append("loss.png: no train/loss")
+    plot_series("rollout/response_len_mean", "response_len.png", "tab:green", "tokens",
+                "response length (mean sampled tokens)")
+    plot_series("train/loss", "loss.png", "tab:purple", "loss", "train/loss")
 
     series = {k: run.series(k) for k in ("train/logp_diff_mean", "train/logp_diff_max", "sync/canary_logp_diff")}
     series = {k: v for k, v in series.items() if v[0]}

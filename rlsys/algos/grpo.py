@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.algos.logprobs import check_clip_config, check_policy_loss_inputs, clip_metrics, masked_mean
+from rlsys.algos.logprobs import check_clip_config, check_policy_loss_inputs, masked_mean, reduce_policy_loss
 
 _MAX_LOG_RATIO = 20.0
 
@@ -82,15 +82,9 @@ def grpo_loss(
         tis = torch.exp(log_w.clamp(max=math.log(cfg.tis_cap)))  # (B, T) detached
         tok_loss = tok_loss * tis
 
-    # Phase 3: token sum over the batch, divided by the (batch or micro-batch) token count.
-    tok_loss = torch.where(mask, tok_loss, zero)
-    num_tokens = mask.sum()
-    denom = normalizer if normalizer is not None else num_tokens.clamp(min=1)
-    loss = tok_loss.sum() / denom
-
-    with torch.no_grad():
-        metrics = clip_metrics(tok_loss.sum(), ratio, adv, mask, cfg.clip_eps_low, cfg.clip_eps_high, logp_old,
-                               logp_new, mask, logp_rollout)  # per token
-        if tis is not None:
-            metrics["train/tis_weight_mean"] = float(masked_mean(tis, mask))
+    # Phase 3: token sum over the batch, divided by the (batch or micro-batch) token count; metrics per token.
+    loss, metrics = reduce_policy_loss(tok_loss, mask, normalizer, cfg, ratio, adv, logp_old, logp_new, mask,
+                                       logp_rollout)
+    if tis is not None:
+        metrics["train/tis_weight_mean"] = float(masked_mean(tis, mask))
     return loss, metrics

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.algos.logprobs import check_clip_config, check_policy_loss_inputs, clip_metrics, masked_mean
+from rlsys.algos.logprobs import check_clip_config, check_policy_loss_inputs, masked_mean, reduce_policy_loss
 
 _MAX_LOG_RATIO = 20.0
 
@@ -89,15 +89,9 @@ def gspo_loss(
         tis = torch.exp(log_w.clamp(max=math.log(cfg.tis_cap)))  # (B,) detached: no grad inputs
         seq_loss = seq_loss * tis
 
-    # Phase 3: aggregate over sequences that have tokens.
-    seq_loss = torch.where(seq_valid, seq_loss, torch.zeros_like(seq_loss))
-    num_seqs = seq_valid.sum()
-    denom = normalizer if normalizer is not None else num_seqs.clamp(min=1)
-    loss = seq_loss.sum() / denom
-
-    with torch.no_grad():
-        metrics = clip_metrics(seq_loss.sum(), ratio, adv, seq_valid, cfg.clip_eps_low, cfg.clip_eps_high, logp_old,
-                               logp_new, mask, logp_rollout)  # per sequence
-        if tis is not None:
-            metrics["train/tis_weight_mean"] = float(tis[seq_valid].sum()) / max(int(num_seqs), 1)
+    # Phase 3: aggregate over sequences that have tokens; metrics per sequence.
+    loss, metrics = reduce_policy_loss(seq_loss, seq_valid, normalizer, cfg, ratio, adv, logp_old, logp_new, mask,
+                                       logp_rollout)
+    if tis is not None:
+        metrics["train/tis_weight_mean"] = float(tis[seq_valid].sum()) / max(int(seq_valid.sum()), 1)
     return loss, metrics

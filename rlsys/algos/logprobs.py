@@ -35,38 +35,56 @@ def _scaled_chunks(logits: torch.Tensor, chunk_rows: int, dtype: torch.dtype, te
         yield start, end, (x / temperature if temperature != 1.0 else x)
 
 
+def _chunked_rows(ctx: Any, logits: torch.Tensor, temperature: float, chunk_rows: int,
+                  row_value: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward pass both Functions share: ``row_value(start, end, x, lse)`` (r,) of every chunk of rows (x the
+    scaled chunk (r, V), lse its (r,) logsumexp) into one (R,) tensor, and every row's logsumexp (R,), both float32
+    or wider; the temperature and chunk size go on ``ctx`` for backward."""
+    compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+    rows = logits.shape[0]
+    out = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
+    lse = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
+    for start, end, x in _scaled_chunks(logits, chunk_rows, compute_dtype, temperature):  # x (r, V)
+        chunk_lse = torch.logsumexp(x, dim=-1)  # (r,)
+        out[start:end] = row_value(start, end, x, chunk_lse)
+        lse[start:end] = chunk_lse
+    ctx.temperature = temperature
+    ctx.chunk_rows = chunk_rows
+    return out, lse
+
+
+def _chunked_grad(ctx: Any, logits: torch.Tensor, lse: torch.Tensor, chunk_grad: Any) -> torch.Tensor:
+    """The backward pass both Functions share: (R, V) in the logits' dtype, filled chunk by chunk of rows with
+    ``chunk_grad(start, end, x)`` (r, V), x the scaled chunk recomputed in ``lse``'s dtype."""
+    grad = torch.empty_like(logits)  # (R, V)
+    for start, end, x in _scaled_chunks(logits, ctx.chunk_rows, lse.dtype, ctx.temperature):  # x (r, V)
+        grad[start:end] = chunk_grad(start, end, x)
+    return grad
+
+
 class _TargetLogprob(torch.autograd.Function):
     """log_softmax(x / temperature)[target] row by row; x (R, V), target (R,) -> (R,)."""
 
     @staticmethod
     def forward(ctx, logits, target_ids, temperature, chunk_rows):  # (R, V), (R,), float, int
-        compute_dtype = torch.promote_types(logits.dtype, torch.float32)
-        rows = logits.shape[0]
-        out = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
-        lse = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
-        for start, end, x in _scaled_chunks(logits, chunk_rows, compute_dtype, temperature):  # x (r, V)
-            chunk_lse = torch.logsumexp(x, dim=-1)  # (r,)
-            out[start:end] = x.gather(1, target_ids[start:end, None]).squeeze(1) - chunk_lse
-            lse[start:end] = chunk_lse
+        out, lse = _chunked_rows(ctx, logits, temperature, chunk_rows,
+                                 lambda start, end, x, lse: x.gather(1, target_ids[start:end, None]).squeeze(1) - lse)
         ctx.save_for_backward(logits, target_ids, lse)
-        ctx.temperature = temperature
-        ctx.chunk_rows = chunk_rows
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # (R,)
         logits, target_ids, lse = ctx.saved_tensors
-        temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
-        grad = torch.empty_like(logits)  # (R, V) in the logits' dtype
-        for start, end, x in _scaled_chunks(logits, chunk_rows, lse.dtype, temperature):  # x (r, V)
+
+        def chunk_grad(start: int, end: int, x: torch.Tensor) -> torch.Tensor:  # x (r, V)
             # d/dx_v log p(target) = (1[v == target] - softmax(x)_v) / temperature
-            g = (grad_out[start:end].to(lse.dtype) / temperature)[:, None]  # (r, 1)
-            chunk_grad = torch.exp(x - lse[start:end, None])  # (r, V), a fresh tensor
-            chunk_grad.mul_(-g)
-            chunk_grad.scatter_add_(1, target_ids[start:end, None], g)
-            grad[start:end] = chunk_grad
-        return grad, None, None, None
+            g = (grad_out[start:end].to(lse.dtype) / ctx.temperature)[:, None]  # (r, 1)
+            out = torch.exp(x - lse[start:end, None])  # (r, V), a fresh tensor
+            out.mul_(-g)
+            return out.scatter_add_(1, target_ids[start:end, None], g)
+
+        return _chunked_grad(ctx, logits, lse, chunk_grad), None, None, None
 
 
 def token_logprobs(
@@ -104,33 +122,24 @@ class _TokenEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, temperature, chunk_rows):  # (R, V), float, int
-        compute_dtype = torch.promote_types(logits.dtype, torch.float32)
-        rows = logits.shape[0]
-        out = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
-        lse = torch.empty(rows, dtype=compute_dtype, device=logits.device)  # (R,)
-        for start, end, x in _scaled_chunks(logits, chunk_rows, compute_dtype, temperature):  # x (r, V)
-            chunk_lse = torch.logsumexp(x, dim=-1)  # (r,)
-            p = torch.exp(x - chunk_lse[:, None])  # (r, V)
-            out[start:end] = chunk_lse - (p * x).sum(-1)  # H = lse - sum_v p_v x_v
-            lse[start:end] = chunk_lse
+        # H = lse - sum_v p_v x_v, with p = exp(x - lse) (r, V)
+        out, lse = _chunked_rows(ctx, logits, temperature, chunk_rows,
+                                 lambda start, end, x, lse: lse - (torch.exp(x - lse[:, None]) * x).sum(-1))
         ctx.save_for_backward(logits, lse, out)
-        ctx.temperature = temperature
-        ctx.chunk_rows = chunk_rows
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # (R,)
         logits, lse, entropy = ctx.saved_tensors
-        temperature, chunk_rows = ctx.temperature, ctx.chunk_rows
-        grad = torch.empty_like(logits)  # (R, V) in the logits' dtype
-        for start, end, x in _scaled_chunks(logits, chunk_rows, lse.dtype, temperature):  # x (r, V)
+
+        def chunk_grad(start: int, end: int, x: torch.Tensor) -> torch.Tensor:  # x (r, V)
             # d/dx_v H = -p_v (log p_v + H) / temperature
             log_p = x - lse[start:end, None]  # (r, V), a fresh tensor
-            chunk_grad = torch.exp(log_p) * (log_p + entropy[start:end, None])
-            chunk_grad.mul_((-grad_out[start:end].to(lse.dtype) / temperature)[:, None])
-            grad[start:end] = chunk_grad
-        return grad, None, None
+            out = torch.exp(log_p) * (log_p + entropy[start:end, None])
+            return out.mul_((-grad_out[start:end].to(lse.dtype) / ctx.temperature)[:, None])
+
+        return _chunked_grad(ctx, logits, lse, chunk_grad), None, None
 
 
 def token_entropy(
@@ -224,6 +233,29 @@ def clip_metrics(
         diff = (logp_old - logp_rollout).abs()
         metrics["train/rollout_logp_diff_mean"] = float(masked_mean(diff, mask))
     return metrics
+
+
+def reduce_policy_loss(
+    unit_loss: torch.Tensor,  # (B, T) per token (GRPO) or (B,) per sequence (GSPO)
+    valid: torch.Tensor,  # bool, ``unit_loss``'s shape: the units that count
+    normalizer: float | None,
+    cfg: Any,  # GRPOConfig or GSPOConfig: the clip range
+    ratio: torch.Tensor,  # ``unit_loss``'s shape
+    adv: torch.Tensor,  # broadcastable to ``ratio``
+    logp_old: torch.Tensor,  # (B, T)
+    logp_new: torch.Tensor,  # (B, T)
+    mask: torch.Tensor,  # (B, T) bool
+    logp_rollout: torch.Tensor | None,  # (B, T) or None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped policy losses' last phase: ``unit_loss`` summed over the ``valid`` units, divided by
+    ``normalizer`` (default: how many units are valid, at least 1), and their shared metrics (`clip_metrics`)."""
+    unit_loss = torch.where(valid, unit_loss, torch.zeros((), dtype=unit_loss.dtype, device=unit_loss.device))
+    denom = normalizer if normalizer is not None else valid.sum().clamp(min=1)
+    loss = unit_loss.sum() / denom
+    with torch.no_grad():
+        metrics = clip_metrics(unit_loss.sum(), ratio, adv, valid, cfg.clip_eps_low, cfg.clip_eps_high, logp_old,
+                               logp_new, mask, logp_rollout)
+    return loss, metrics
 
 
 def check_clip_config(cfg: Any) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 
+WAKE_TAGS = ("weights", "kv_cache")  # what `sleep` frees and `wake` brings back, in the order vLLM needs them
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM's _SAMPLING_EPS): 1/T overflows float32
 
 
@@ -132,3 +133,33 @@ class Engine(ABC):
 
     async def shutdown(self) -> None:
         """Stop background work; the engine is unusable afterwards."""
+
+    # --- state the engines keep alike (`_closed`, `_weights_dropped`, `vocab_size`: each engine sets them) ---------
+    @property
+    def weights_dropped(self) -> bool:
+        """True after `sleep(2)` until a push refilled every parameter: serving before that would be garbage."""
+        return self._weights_dropped
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+
+    def _checked_ids(self, ids: list[int], what: str) -> list[int]:
+        return checked_token_ids(ids, self.vocab_size, what)
+
+    def _checked_wake_tags(self, tags: list[str] | None) -> list[str]:
+        """`wake`'s tags (None: all of `WAKE_TAGS`), each one known (ValueError otherwise), on an open engine."""
+        self._check_open()
+        tags = list(WAKE_TAGS) if tags is None else list(tags)
+        unknown = [t for t in tags if t not in WAKE_TAGS]
+        if unknown:
+            raise ValueError(f"unknown wake tags {unknown}; expected a subset of {list(WAKE_TAGS)}")
+        return tags
+
+    def _checked_score_ids(self, prompt_ids: list[int], continuation_ids: list[int]) -> tuple[list[int], list[int]]:
+        """A `score` request's ids: every id in the vocabulary and the prompt not empty (ValueError otherwise)."""
+        prompt = self._checked_ids(prompt_ids, "prompt_ids")
+        continuation = self._checked_ids(continuation_ids, "continuation_ids")
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        return prompt, continuation

@@ -49,12 +49,11 @@ from dataclasses import dataclass
 
 import torch
 
-from rlsys.engines.base import Engine, GenerateOutput, SamplingParams, checked_prompt, checked_token_ids
+from rlsys.engines.base import WAKE_TAGS, Engine, GenerateOutput, SamplingParams, checked_prompt
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_DROPPED = "weights dropped by sleep(level=2); load_weights() before wake"
-WAKE_TAGS = ("weights", "kv_cache")
 # score() splits its batch so that the (B, C+1, V) fp32 logits stay under this many bytes
 SCORE_LOGITS_BUDGET_BYTES = 256 * 1024 * 1024
 
@@ -238,10 +237,7 @@ class TransformersEngine(Engine):
 
     async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
         self._check_serving()
-        prompt = self._checked_ids(prompt_ids, "prompt_ids")
-        continuation = self._checked_ids(continuation_ids, "continuation_ids")
-        if not prompt:
-            raise ValueError("prompt_ids is empty")
+        prompt, continuation = self._checked_score_ids(prompt_ids, continuation_ids)
         total = len(prompt) + len(continuation)
         if self.max_model_len is not None and total > self.max_model_len:
             raise ValueError(f"{total} tokens exceed the model's max_position_embeddings ({self.max_model_len})")
@@ -285,11 +281,7 @@ class TransformersEngine(Engine):
             self._loaded_since_drop.clear()
 
     async def wake(self, tags: list[str] | None = None) -> None:
-        self._check_open()
-        tags = list(WAKE_TAGS) if tags is None else list(tags)
-        unknown = [t for t in tags if t not in WAKE_TAGS]
-        if unknown:
-            raise ValueError(f"unknown wake tags {unknown}; expected a subset of {list(WAKE_TAGS)}")
+        tags = self._checked_wake_tags(tags)
         self._sleeping.difference_update(tags)
 
     async def reset_prefix_cache(self) -> None:
@@ -312,18 +304,10 @@ class TransformersEngine(Engine):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     @property
-    def weights_dropped(self) -> bool:
-        return self._weights_dropped
-
-    @property
     def is_sleeping(self) -> bool:
         return bool(self._sleeping)
 
     # ------------------------------------------------------------------ state checks
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("engine is shut down")
 
     def _check_serving(self) -> None:
         self._check_open()
@@ -332,9 +316,6 @@ class TransformersEngine(Engine):
             raise RuntimeError(f"{WEIGHTS_DROPPED} ({n}/{len(self._param_ids)} parameters loaded since)")
         if self._sleeping:
             raise RuntimeError(f"engine is asleep ({sorted(self._sleeping)}); call wake() first")
-
-    def _checked_ids(self, ids: list[int], what: str) -> list[int]:
-        return checked_token_ids(ids, self.vocab_size, what)
 
     # ------------------------------------------------------------------ batching (event loop side)
 

@@ -41,12 +41,11 @@ from typing import Any
 
 import torch
 
-from rlsys.engines.base import Engine, GenerateOutput, SamplingParams, checked_prompt, checked_token_ids
+from rlsys.engines.base import WAKE_TAGS, Engine, GenerateOutput, SamplingParams, checked_prompt
 
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "actors.vllm_ext.WorkerExtension"
-WAKE_TAGS = ("weights", "kv_cache")
 WEIGHTS_DROPPED = "weights dropped by sleep(level=2); push the weights (load_payload) before serving"
 GIB = 1 << 30
 
@@ -415,10 +414,7 @@ class VLLMEngine(Engine):
 
     async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
         self._check_serving()
-        prompt = self._checked_ids(prompt_ids, "prompt_ids")
-        continuation = self._checked_ids(continuation_ids, "continuation_ids")
-        if not prompt:
-            raise ValueError("prompt_ids is empty")
+        prompt, continuation = self._checked_score_ids(prompt_ids, continuation_ids)
         if not continuation:
             return []
         total = len(prompt) + len(continuation) + 1  # vLLM samples one token after the prompt
@@ -512,11 +508,7 @@ class VLLMEngine(Engine):
             self._weights_dropped = True
 
     async def wake(self, tags: list[str] | None = None) -> None:
-        self._check_open()
-        tags = list(WAKE_TAGS) if tags is None else list(tags)
-        unknown = [t for t in tags if t not in WAKE_TAGS]
-        if unknown:
-            raise ValueError(f"unknown wake tags {unknown}; expected a subset of {list(WAKE_TAGS)}")
+        tags = self._checked_wake_tags(tags)
         todo = [t for t in WAKE_TAGS if t in tags and t in self._asleep]  # weights first, as vLLM needs
         if not todo:
             return  # waking what is awake would map vLLM's memory twice
@@ -526,10 +518,6 @@ class VLLMEngine(Engine):
     async def reset_prefix_cache(self) -> None:
         self._check_open()
         await self.llm.reset_prefix_cache()
-
-    @property
-    def weights_dropped(self) -> bool:
-        return self._weights_dropped
 
     @property
     def is_sleeping(self) -> bool:
@@ -542,10 +530,6 @@ class VLLMEngine(Engine):
         self.llm.shutdown()
 
     # ------------------------------------------------------------------ checks
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("engine is shut down")
-
     def _check_serving(self) -> None:
         self._check_open()
         if self._weights_dropped:
@@ -554,6 +538,3 @@ class VLLMEngine(Engine):
             raise RuntimeError(WEIGHTS_DROPPED + detail)
         if self._asleep:
             raise RuntimeError(f"engine is asleep ({sorted(self._asleep)}); call wake() first")
-
-    def _checked_ids(self, ids: list[int], what: str) -> list[int]:
-        return checked_token_ids(ids, self.vocab_size, what)

@@ -1,6 +1,7 @@
 """What the seeded multi-turn environments' dataset modules share (rlsys/envs/ledger, rlsys/envs/tictactoe_game):
-a train and a held-out split drawn from one seeded generator, the item's keys checked first, JSONL out and the
-`python -m ... --count --seed --split --out` command that writes the shipped files.
+a train and a held-out split drawn from one seeded generator, the item's keys checked first, JSONL out, the
+`python -m ... --count --seed --split --out` command that writes the shipped files, and the command that writes
+their SFT chats (`sft_main`).
 
 Each module keeps its own `make_item(index, rng, split)`, `validate_item` and item keys; the same (count, seed, split)
 gives the same bytes as before these were shared (the generator's seed string is the module's own).
@@ -53,4 +54,18 @@ def write_main(argv: list[str] | None, prog: str, description: str,
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(jsonl_lines(make_dataset(args.count, args.seed, args.split), keys), encoding="utf-8")
     print(f"wrote {args.count} {args.split} {what} to {args.out}")
+    return 0
+
+
+def sft_main(argv: list[str] | None, prog: str, description: str, make_sft_dataset: Callable[[int, int], list[dict]],
+             default_count: int, what: str) -> int:
+    """`python -m <prog> [--count N] [--seed S] --out FILE`: write ``make_sft_dataset(count, seed)``'s chats as JSONL."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--count", type=int, default=default_count)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    chats = make_sft_dataset(args.count, args.seed)
+    args.out.write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")
+    print(f"wrote {len(chats)} {what} to {args.out}")
     return 0

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from rlsys.envs.ledger.ledger import RANK, Ledger
 from rlsys.envs.ledger.prompt import TOOL_NAMES
+from rlsys.envs.tictactoe_game.turns import replay_turns
 from rlsys.proxy.toolcalls import parse_tool_calls
 
 OUTCOMES = ("solved", "solved_with_refusals", "unsolved", "no_tool_call", "broken_call", "collateral", "wrong_state")
@@ -88,12 +89,7 @@ def _has_call_attempt(content: object) -> bool:
 
 
 def replay(item: dict, turns: list) -> Episode:
-    ep = Episode.start(item)
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise ValueError(f"turn {i} is a {type(turn).__name__}, not a turn record (agent bug)")
-        ep.play_turn(turn)
-    return ep
+    return replay_turns(Episode.start(item), turns)
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,10 @@ the right tickets is left to RL.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
-from pathlib import Path
 
+from rlsys.envs.datasets import sft_main
 from rlsys.envs.ledger.dataset import make_dataset
 from rlsys.envs.ledger.episode import Episode
 from rlsys.envs.ledger.ledger import TRANSITIONS
@@ -46,15 +45,8 @@ def make_sft_dataset(count: int, seed: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlsys.envs.ledger.sft_data", description=__doc__.splitlines()[0])
-    p.add_argument("--count", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    chats = make_sft_dataset(args.count, args.seed)
-    args.out.write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")
-    print(f"wrote {len(chats)} ledger chats to {args.out}")
-    return 0
+    return sft_main(argv, "python -m rlsys.envs.ledger.sft_data", __doc__.splitlines()[0], make_sft_dataset, 256,
+                    "ledger chats")
 
 
 if __name__ == "__main__":

@@ -94,22 +94,21 @@ def _checked_board(record: object) -> str:
     return record["item"]["board"]
 
 
+def _board_and_move(record: dict) -> tuple[str, int | str]:
+    """The record's checked board, and its first call's square or the label of why there is none."""
+    return _checked_board(record), _first_call_square(record.get("output"))
+
+
 def outcome(record: dict) -> str:
     """The error-table label of `record` (one of game.OUTCOMES)."""
-    board = _checked_board(record)
-    square_or_label = _first_call_square(record.get("output"))
-    if isinstance(square_or_label, str):
-        return square_or_label
-    return game.move_outcome(board, square_or_label)
+    board, square_or_label = _board_and_move(record)
+    return square_or_label if isinstance(square_or_label, str) else game.move_outcome(board, square_or_label)
 
 
 def reward(record: dict) -> float:
     """The scalar reward of `record`: -1.0 for any malformed or illegal move, else game.score_move."""
-    board = _checked_board(record)
-    square_or_label = _first_call_square(record.get("output"))
-    if isinstance(square_or_label, str):
-        return MALFORMED_REWARD
-    return game.score_move(board, square_or_label)
+    board, square_or_label = _board_and_move(record)
+    return MALFORMED_REWARD if isinstance(square_or_label, str) else game.score_move(board, square_or_label)
 
 
 def summarize(outcomes: list[str]) -> dict[str, float]:

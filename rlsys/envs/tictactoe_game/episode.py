@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from rlsys.envs.tictactoe import game
 from rlsys.envs.tictactoe_game.opponent import opponent_move
 from rlsys.envs.tictactoe_game.prompt import TOOL_NAME, tool_result
+from rlsys.envs.tictactoe_game.turns import replay_turns
 from rlsys.proxy.toolcalls import parse_tool_calls
 
 RESULTS = ("win", "draw", "loss")
@@ -108,9 +109,4 @@ class Game:
 def replay(item: dict, turns: list) -> Game:
     """The game the turn records describe. Turns that stop before the game is over leave
     `outcome` None (the reward calls that 'unfinished'); a turn after the end is an agent bug."""
-    g = Game.start(item)
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise ValueError(f"turn {i} is a {type(turn).__name__}, not a turn record (agent bug)")
-        g.play_turn(turn)
-    return g
+    return replay_turns(Game.start(item), turns)

@@ -8,11 +8,10 @@ and legality, not strategy: wins, draws and losses are left to RL.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
-from pathlib import Path
 
+from rlsys.envs.datasets import sft_main
 from rlsys.envs.tictactoe import game
 from rlsys.envs.tictactoe_game.dataset import make_dataset
 from rlsys.envs.tictactoe_game.episode import Game
@@ -41,15 +40,8 @@ def make_sft_dataset(count: int, seed: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlsys.envs.tictactoe_game.sft_data", description=__doc__.splitlines()[0])
-    p.add_argument("--count", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    chats = make_sft_dataset(args.count, args.seed)
-    args.out.write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")
-    print(f"wrote {len(chats)} whole-game chats to {args.out}")
-    return 0
+    return sft_main(argv, "python -m rlsys.envs.tictactoe_game.sft_data", __doc__.splitlines()[0], make_sft_dataset,
+                    512, "whole-game chats")
 
 
 if __name__ == "__main__":

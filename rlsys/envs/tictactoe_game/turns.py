@@ -22,7 +22,9 @@ Turn record (one per chat completion, JSON-serialisable, what agents return and 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+_Episode = TypeVar("_Episode")
 
 
 def turn_record(response: Any, *, keep_prompt_ids: bool = False) -> dict:
@@ -60,3 +62,13 @@ def assistant_echo(turn: dict) -> dict:
 
 def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def replay_turns(episode: _Episode, turns: list) -> _Episode:
+    """``episode`` (a freshly started episode of a multi-turn environment) after `play_turn` of every turn record
+    in ``turns``, in order; something that is not a turn record is an agent bug (ValueError)."""
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise ValueError(f"turn {i} is a {type(turn).__name__}, not a turn record (agent bug)")
+        episode.play_turn(turn)
+    return episode
