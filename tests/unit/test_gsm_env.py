@@ -183,6 +183,9 @@ def test_summarize_gives_accuracy_and_with_records_the_calculator_use():
     out = gsm_reward.summarize(outcomes, records)
     assert out["calculator_use_rate"] == 0.25 and out["calculator_calls_mean"] == 0.5
     assert out["calculator_error_rate"] == 0.5
+    assert [gsm_reward.episode_metrics(r) for r in records[:2]] == [
+        {"calculator_calls": 2.0, "calculator_errors": 1.0, "used_calculator": 1.0},
+        {"calculator_calls": 0.0, "calculator_errors": 0.0, "used_calculator": 0.0}]
 
 
 # ---- perturbations ---------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ else the agent reports: an output that claims an answer it did not call scores w
 
 A malformed output is a -1.0 sample, not an exception (the behaviour RL must punish). A bad item, or turns
 after the episode ended, raise: bad data or an agent bug (the trajectory is marked failed and counted).
-`summarize(outcomes)` gives the rates; given the records too, also the calculator use (`calculator_stats`).
+`summarize(outcomes)` gives the rates; given the records too, also the calculator use (`calculator_stats`);
+`episode_metrics(record)` is one episode's calculator use as scalars.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from rlsys.envs.gsm.dataset import validate_item
 from rlsys.envs.gsm.episode import Episode, replay
 from rlsys.envs.gsm.perturb import PERTURBATIONS, effective_item
 
-__all__ = ["OUTCOMES", "PERTURBATIONS", "calculator_stats", "judge", "outcome", "reward", "summarize",
-           "validate_item"]
+__all__ = ["OUTCOMES", "PERTURBATIONS", "calculator_stats", "episode_metrics", "judge", "outcome", "reward",
+           "summarize", "validate_item"]
 
 OUTCOMES = ("right", "wrong", "no_answer", "malformed_call", "calculator_error", "too_many_turns")
 REWARD_BY_OUTCOME = {"right": 1.0, "wrong": 0.0, "no_answer": -1.0, "malformed_call": -1.0,
@@ -43,6 +44,15 @@ def outcome(record: dict) -> str:
 
 def reward(record: dict) -> float:
     return REWARD_BY_OUTCOME[outcome(record)]
+
+
+def episode_metrics(record: dict) -> dict[str, float]:
+    """One episode's calculator use as scalars (what an env worker can attach to the trajectory's summary, so the
+    driver can average them without pulling trajectories): calls, calls that came back as an error, and 1.0 if
+    the episode called the calculator at all."""
+    calls = judge(record).calculations
+    return {"calculator_calls": float(len(calls)), "calculator_errors": float(sum(not c["ok"] for c in calls)),
+            "used_calculator": float(bool(calls))}
 
 
 def calculator_stats(records: list[dict]) -> dict[str, float]:
