@@ -1,6 +1,6 @@
 """Weights from the learner ranks to the rollout engines (`WeightSync.push`), by routes planned once at job start
-(`route_weights`: rlsys/weights/routes.py's plan, each side given its transports), and the stale-weights canary that checks
-every push landed (`WeightSync.check_canary`).
+(`route_weights`: rlsys/weights/routes.py's plan, each side given its transports), and the stale-weights canary
+that checks every push landed (`WeightSync.check_canary`).
 
 The canary is a fixed tic-tac-toe chat (`canary_sequence`) whose logprobs the engines and the learner must agree on
 within a tolerance (jobs/placement.py `canary_tolerance`), and, between checks, move together (`canary_movement`).
@@ -131,7 +131,8 @@ def mean_abs_diff(a: list[float], b: list[float]) -> float:
 
 
 def route_weights(requested: str, learners: list[Any], rollouts: list[Any], feeders: list[list[int]],
-                  infos: list[dict[str, Any]], bucket_bytes: int, collective_timeout_s: float | None = None) -> RoutePlan:
+                  infos: list[dict[str, Any]], bucket_bytes: int,
+                  collective_timeout_s: float | None = None) -> RoutePlan:
     """The job's weight routes, decided once: where each learner rank's weights live (`Learner.device_where`) and
     what each engine reported (``infos``) into `plan_routes` (``requested``: `sync.transport`), a group per source
     rank of collective routes (hosted at the rank's address); each route is logged and given to both sides, the

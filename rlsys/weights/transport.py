@@ -80,7 +80,8 @@ class ObjectStoreTransport:
     def send(self, buckets: list[WeightBucket]) -> None:
         """Nothing: the buckets travel in the payload."""
 
-    def receive(self, payload: list[WeightBucket], device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive(self, payload: list[WeightBucket],
+                device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """The CPU buckets' views, or with ``device`` (vLLM's worker) their copies there, one copy per bucket."""
         for bucket in payload:
             if device is not None:
