@@ -36,7 +36,7 @@ import torch
 
 from rlsys.algos import (GRPOConfig, GSPOConfig, RegularizerConfig, group_advantages, grpo_loss, gspo_loss, masked_mean,
                          regularizer_loss, sft_loss, token_entropy, token_logprobs)
-from rlsys.config import Config
+from rlsys.config import AlgoConfig, LearnerConfig, ModelConfig
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported)
 from rlsys.types import Segment, Trajectory
@@ -57,6 +57,19 @@ class _Row:
     weight: float = 1.0  # 1 / number of training segments of its trajectory
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What a learner rank reads of the job's config (jobs/placement.py `learner_settings` takes it from one)."""
+
+    model: ModelConfig
+    learner: LearnerConfig
+    algo: AlgoConfig
+    seed: int = 0
+    max_steps: int = 1  # the job's steps: the lr schedule spans max_steps * algo.n_minibatches optimizer steps
+    budget_gib: float | None = None  # rollout.gpu_memory_budget_gib
+    memory: Any = None  # its learner/engine split (rlsys.memory.BudgetSplit), None without a budget
+
+
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -67,8 +80,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def make_optimizer(params: list[torch.nn.Parameter], cfg: Config, device: torch.device) -> torch.optim.Optimizer:
-    lc = cfg.learner
+def make_optimizer(params: list[torch.nn.Parameter], lc: LearnerConfig, device: torch.device) -> torch.optim.Optimizer:
     if lc.adam_8bit:
         if device.type != "cuda":
             raise RuntimeError("learner.adam_8bit needs CUDA (bitsandbytes' 8-bit states live on the GPU); "
@@ -82,9 +94,11 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: Config, device: torch.
                              foreach=device.type == "cuda")
 
 
-def lr_lambda(cfg: Config):
-    total = max(1, cfg.max_steps * cfg.algo.n_minibatches)
-    warm, kind = cfg.learner.warmup_steps, cfg.learner.lr_schedule
+def lr_lambda(lc: LearnerConfig, optimizer_steps: int):
+    """The lr factor per optimizer step: `learner.warmup_steps` of warm-up, then `learner.lr_schedule` over the
+    job's ``optimizer_steps``."""
+    total = max(1, optimizer_steps)
+    warm, kind = lc.warmup_steps, lc.lr_schedule
 
     def f(step: int) -> float:
         if warm and step < warm:
@@ -100,7 +114,7 @@ def lr_lambda(cfg: Config):
 
 
 class Learner:
-    def __init__(self, cfg: Config, model_path: str, *, num_threads: int | None = None) -> None:
+    def __init__(self, cfg: LearnerSettings, model_path: str, *, num_threads: int | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
         if num_threads:
@@ -112,7 +126,8 @@ class Learner:
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)  # compute dtype (and the engine's)
         # fp32 master weights: parameters and updates in float32, forward/backward under autocast
         self.param_dtype = torch.float32 if cfg.learner.fp32_master else self.dtype
-        self.memory_cap = apply_memory_budget(cfg, model_path, self.device)  # before any weight lands on the GPU
+        # before any weight lands on the GPU
+        self.memory_cap = apply_memory_budget(cfg.memory, cfg.budget_gib, self.device)
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=self.param_dtype, trust_remote_code=cfg.model.trust_remote_code
         ).to(self.device)
@@ -121,8 +136,9 @@ class Learner:
         self.model.train()
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, cfg, self.device)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.optimizer = make_optimizer(self.params, cfg.learner, self.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.learner, cfg.max_steps * cfg.algo.n_minibatches))
         self.optimizer_steps = 0
         self._packer: BucketPacker | None = None
         self._fused_pack = None  # FusedPack over the packer, made by the first export
@@ -134,7 +150,8 @@ class Learner:
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._reg = RegularizerConfig(entropy_coef=cfg.algo.entropy_coef, kl_coef=cfg.algo.kl_coef)
         # the frozen initial policy of the KL penalty; None when it is off
-        self.ref_model = load_reference(cfg, self.device, self.dtype) if cfg.algo.kl_coef else None
+        self.ref_model = (load_reference(cfg.model, cfg.algo.kl_coef, self.device, self.dtype) if cfg.algo.kl_coef
+                          else None)
         self.rank, self.world_size = 0, 1
         self.prefix_sharing = cfg.learner.prefix_sharing and cfg.algo.name != "sft"
         if self.prefix_sharing and (why := sharing_supported(self.model)) is not None:
@@ -525,7 +542,7 @@ class Learner:
         return ray.get_runtime_context().get_node_id()
 
 
-def load_reference(cfg: Config, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+def load_reference(model: ModelConfig, kl_coef: float, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The frozen reference policy of `algo.kl_coef`: the initial model `model.ckpt` (resolved as the job did, so
     a resumed job, whose policy starts from a checkpoint, still compares against the model the run started from),
     in the compute dtype (bf16 on a GPU, no fp32 masters), eval mode, no gradients."""
@@ -533,29 +550,29 @@ def load_reference(cfg: Config, device: torch.device, dtype: torch.dtype) -> tor
 
     from rlsys.models.resolve import resolve_model
 
-    path = resolve_model(cfg.model.ckpt)
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+    path = resolve_model(model.ckpt)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=model.trust_remote_code)
     ref = ref.to(device).eval()
     ref.requires_grad_(False)
-    print(f"rlsys: KL reference (algo.kl_coef={cfg.algo.kl_coef}) loaded from {path}", flush=True)
+    print(f"rlsys: KL reference (algo.kl_coef={kl_coef}) loaded from {path}", flush=True)
     return ref
 
 
 # --- GPU memory ----------------------------------------------------------------------------------
-def apply_memory_budget(cfg: Config, model_path: str, device: torch.device) -> float | None:
-    """With `rollout.gpu_memory_budget_gib` on a GPU: cap this process's torch allocator at the learner's share
-    of the budget (`rlsys.memory.budget_split`; vLLM sizes itself from the rest). Returns the fraction set."""
-    if device.type != "cuda" or cfg.rollout.gpu_memory_budget_gib is None:
+def apply_memory_budget(split: Any, budget_gib: float | None, device: torch.device) -> float | None:
+    """With `rollout.gpu_memory_budget_gib` (``budget_gib``) on a GPU: cap this process's torch allocator at the
+    learner's share of the budget (``split``: `rlsys.memory.budget_split`; vLLM sizes itself from the rest).
+    Returns the fraction set."""
+    if device.type != "cuda" or budget_gib is None:
         return None
-    from rlsys.memory import GIB, budget_split
+    from rlsys.memory import GIB
 
-    split = budget_split(cfg, model_path)
     index = torch.cuda.current_device()  # set_per_process_memory_fraction wants an index, not torch.device("cuda")
     total = torch.cuda.get_device_properties(index).total_memory
     fraction = split.learner_fraction(total)
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     print(f"rlsys: learner memory capped at {fraction * total / GIB:.2f} GiB ({fraction:.4f} of {total / GIB:.1f} GiB; "
-          f"budget {cfg.rollout.gpu_memory_budget_gib} GiB)", flush=True)
+          f"budget {budget_gib} GiB)", flush=True)
     return fraction
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlsys.config import Config
+from rlsys.config import RolloutConfig
 from rlsys.engines import SamplingParams, make_engine
 from rlsys.proxy.sessions import SessionRecord, SessionRecorder
 from rlsys.weights.transport import make_transport
@@ -31,52 +31,62 @@ def session_seed(base_seed: int, session_id: str, turn: int) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
-def resolve_engine_kind(cfg: Config) -> str:
-    """`rollout.engine`, with `auto` = vLLM when this process sees CUDA and vLLM is installed."""
-    kind = cfg.rollout.engine
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """What the rollout actor reads of the job's config (jobs/placement.py `engine_settings` takes it from one)."""
+
+    rollout: RolloutConfig
+    dtype: str = "auto"  # model.dtype
+    seed: int = 0
+    tp_size: int = 1  # cluster.tp_size
+    ray_executor: bool = False  # Config.vllm_ray_executor: vLLM's workers as Ray actors in the placement group
+    memory: Any = None  # the learner/engine split of rollout.gpu_memory_budget_gib (rlsys.memory.BudgetSplit)
+    kv_engine_bytes: int | None = None  # with rollout.kv_cache_gib and no budget: what vLLM will hold
+
+
+def resolve_engine_kind(kind: str) -> str:
+    """`rollout.engine` (``kind``), with `auto` = vLLM when this process sees CUDA and vLLM is installed."""
     if kind == "auto":
         has_vllm = importlib.util.find_spec("vllm") is not None
         kind = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
     return kind
 
 
-def engine_dtype(cfg: Config) -> str:
+def engine_dtype(dtype: str) -> str:
     """vLLM's dtype from `model.dtype` (`auto` = bfloat16 on the GPU, as the learner)."""
-    return "bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype
+    return "bfloat16" if dtype == "auto" else dtype
 
 
-def build_engine(cfg: Config, model_path: str, process_context: Any = None):
+def build_engine(cfg: EngineSettings, model_path: str, process_context: Any = None):
     """The engine `rollout.engine` asks for; vLLM's memory share comes from `rollout.gpu_memory_budget_gib`,
     its engine-core process from ``process_context`` (`start_engine_core_server`) when given."""
     r = cfg.rollout
-    kind = resolve_engine_kind(cfg)
+    kind = resolve_engine_kind(r.engine)
     if kind == "vllm":
         return make_engine("vllm", model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed,
-                           dtype=engine_dtype(cfg), gpu_memory_utilization=engine_memory_fraction(cfg, model_path),
+                           dtype=engine_dtype(cfg.dtype), gpu_memory_utilization=engine_memory_fraction(cfg),
                            max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True,
                            kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30),
-                           tensor_parallel_size=cfg.cluster.tp_size, ray_executor=cfg.vllm_ray_executor(),
+                           tensor_parallel_size=cfg.tp_size, ray_executor=cfg.ray_executor,
                            process_context=process_context, model_runner=r.model_runner)
     return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed, num_threads=r.engine_threads)
 
 
-def engine_memory_fraction(cfg: Config, model_path: str) -> float:
+def engine_memory_fraction(cfg: EngineSettings) -> float:
     """vLLM's `gpu_memory_utilization`: with `rollout.gpu_memory_budget_gib`, the engine's share of the job's
     budget (`rlsys.memory.budget_split`, the same split the learner caps itself with); unset, a third of the GPU,
     or with a fixed KV cache (`rollout.kv_cache_gib`) what the engine will hold if that is less. vLLM then sizes
     nothing by it, but refuses to start unless that much is free: a third of the GPU often is not when several
     jobs share it (each takes ~10 GiB with a 0.5B model)."""
     from rlsys.engines.vllm_engine import device_total_bytes, memory_fraction
-    from rlsys.memory import budget_split, fixed_kv_engine_bytes
 
     total = device_total_bytes()
-    split = budget_split(cfg, model_path)
-    if split is not None:
-        fraction = split.engine_fraction(total)
+    if cfg.memory is not None:
+        fraction = cfg.memory.engine_fraction(total)
     else:
         fraction = memory_fraction(None, total)
         if cfg.rollout.kv_cache_gib is not None:
-            fraction = min(fraction, fixed_kv_engine_bytes(cfg, model_path) / total)
+            fraction = min(fraction, cfg.kv_engine_bytes / total)
     print(f"rlsys: vLLM gpu_memory_utilization {fraction:.4f} ({fraction * total / 2**30:.2f} GiB of "
           f"{total / 2**30:.1f} GiB)", flush=True)
     return fraction
@@ -126,7 +136,7 @@ class EngineClock:
 
 
 class RolloutWorker:
-    def __init__(self, cfg: Config, model_path: str, *, api_token: str | None = None,
+    def __init__(self, cfg: EngineSettings, model_path: str, *, api_token: str | None = None,
                  num_threads: int | None = None, transport: str | None = None) -> None:
         """``transport``: how weights arrive until the driver gives the engine its route (`set_route`, before the
         first push; the route is decided by rlsys/weights/routes.py `plan_routes`): by default the object store,
@@ -145,7 +155,7 @@ class RolloutWorker:
     async def start(self) -> dict[str, Any]:
         """Build the engine and start the proxy inside this event loop; returns how agents reach it."""
         began = time.time()
-        self._engine_kind = resolve_engine_kind(self.cfg)
+        self._engine_kind = resolve_engine_kind(self.cfg.rollout.engine)
         process_context = None
         if self._engine_kind == "vllm":
             from rlsys.engines.vllm_engine import export_ray_address, model_architectures, start_engine_core_server
@@ -192,7 +202,7 @@ class RolloutWorker:
         # `set_route`
         return {"url": url, "token": self.api_token, "model": MODEL_NAME, "transport": self.transport.name,
                 "node_id": node_id, "gpu_ids": gpu_ids, "on_gpu": self._engine_kind == "vllm", "workers": workers,
-                "ray_executor": self._engine_kind == "vllm" and self.cfg.vllm_ray_executor(),
+                "ray_executor": self._engine_kind == "vllm" and self.cfg.ray_executor,
                 "device_bytes": device_bytes, "engine_bytes": engine_bytes}
 
     async def node_id(self) -> str | None:

@@ -475,7 +475,7 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
     from actors.rollout import RolloutWorker, resolve_engine_kind
     from jobs.episodes import run_episodes
     from jobs.items import load_items
-    from jobs.placement import gpu_actor_env, make_env_workers
+    from jobs.placement import engine_settings, gpu_actor_env, make_env_workers
     from jobs.session import init_ray
     from rlsys.config import load_config
     from rlsys.models.resolve import resolve_model
@@ -485,21 +485,22 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
     if cfg.env.agent_fn != "rlsys.envs.tictactoe.agent:agent":
         raise SystemExit(f"bench proxy renders the tic-tac-toe agent's prompts; env.agent_fn is {cfg.env.agent_fn!r}")
     model_path = resolve_model(cfg.model.ckpt)
-    owns_ray = init_ray(cfg, "rlsys-bench-proxy")
+    owns_ray = init_ray(cfg.cluster, "rlsys-bench-proxy")
     actors: list[Any] = []
     try:
         gpus = ray.cluster_resources().get("GPU", 0)
         where = {"num_gpus": 1, "runtime_env": {"env_vars": gpu_actor_env()}} if gpus else {}
         threads = None if gpus else max(1, os.cpu_count() or 1)
         rollout = ray.remote(RolloutWorker).options(name="rollout-bench", num_cpus=0, max_concurrency=1024,
-                                                    **where).remote(cfg, model_path, num_threads=threads)
+                                                    **where).remote(engine_settings(cfg, model_path), model_path,
+                                                                   num_threads=threads)
         actors.append(rollout)
         t0 = time.perf_counter()
         info = ray.get(rollout.start.remote())
         engine_start_s = time.perf_counter() - t0
         proxy = {**info, "actor": rollout}
         r = cfg.rollout
-        items = load_items(cfg)[: r.batch_size]
+        items = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)[: r.batch_size]
         prompts = tictactoe_prompts(items, AutoTokenizer.from_pretrained(model_path))
 
         def direct() -> dict[str, float]:
@@ -517,7 +518,7 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
         direct()  # warm-up: engine kernels
         by_workers, first_refs = {}, None
         for v, count in enumerate(args.env_workers or [cfg.env.num_workers]):
-            env = cfg.model_copy(update={"env": cfg.env.model_copy(update={"num_workers": count})})
+            env = cfg.env.model_copy(update={"num_workers": count})
             workers = make_env_workers(env, nodes=[info["node_id"]], name=f"env-bench{v}")
             actors += workers
             agent_path(workers, f"warmup{v}")  # env workers' imports and HTTP connections
@@ -546,7 +547,8 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
         sent = traj.segments[0].input_ids[: len(prompts[0])] if traj.segments else []
         first = next(iter(by_workers.values()))
         return {
-            "model": cfg.model.ckpt, "engine": resolve_engine_kind(cfg) if not gpus else "vllm (auto, GPU)",
+            "model": cfg.model.ckpt,
+            "engine": resolve_engine_kind(cfg.rollout.engine) if not gpus else "vllm (auto, GPU)",
             "engine_start_s": engine_start_s, "prompts": len(prompts), "n_samples": r.n_samples,
             "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
             "prompt_tokens": statistics.fmean(len(p) for p in prompts), "prompts_match": sent == prompts[0],

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlsys.config import Config, load_config
+from rlsys.config import Config, DataConfig, EnvConfig, load_config
 from rlsys.errors import UserInputError
 
 BUILTIN_AGENT = "rlsys.envs.tictactoe.agent:agent"
@@ -83,12 +83,11 @@ def eval_config(req: EvalRequest) -> Config:
     return load_config(base, overrides=[*overrides, *req.overrides])
 
 
-def eval_items(cfg: Config, n: int | None) -> tuple[list[dict[str, Any]], str]:
+def eval_items(d: DataConfig, algo: str, reward_fn_path: str, n: int | None) -> tuple[list[dict[str, Any]], str]:
     """The held-out items (first ``n`` if given) and a one-line description of where they came from."""
     from jobs.items import load_eval_items
 
-    items = load_eval_items(cfg)
-    d = cfg.data
+    items = load_eval_items(d, algo, reward_fn_path)
     if d.eval_path:
         source = f"{d.eval_path}"
     else:
@@ -112,8 +111,9 @@ def eval_variants(perturb: bool) -> list[str]:
 
 
 # --- running episodes on Ray actors ------------------------------------------------------------------
-def start_actors(cfg: Config, model_path: str) -> tuple[Any, dict[str, Any], list[Any]]:
-    """A rollout actor (engine + proxy; the whole GPU when there is one) and the env workers."""
+def start_actors(engine: Any, env: EnvConfig, model_path: str) -> tuple[Any, dict[str, Any], list[Any]]:
+    """A rollout actor (engine + proxy, ``engine``: its `EngineSettings`; the whole GPU when there is one) and the
+    env workers."""
     import ray
 
     from actors.rollout import RolloutWorker
@@ -127,10 +127,10 @@ def start_actors(cfg: Config, model_path: str) -> tuple[Any, dict[str, Any], lis
         options = {"num_gpus": 0}
         kwargs = {"num_threads": max(1, os.cpu_count() or 1)}
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024, **options).remote(
-        cfg, model_path, api_token=token, transport="object_store", **kwargs)
+        engine, model_path, api_token=token, transport="object_store", **kwargs)
     info = ray.get(rollout.start.remote())
     # env workers on the engine's node, so agent traffic stays on loopback (as in training)
-    return rollout, {**info, "actor": rollout}, make_env_workers(cfg, nodes=[info.get("node_id")])
+    return rollout, {**info, "actor": rollout}, make_env_workers(env, nodes=[info.get("node_id")])
 
 
 # --- turning summaries into the report -------------------------------------------------------------------
@@ -244,7 +244,7 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
     reward_fn, _ = load_reward(cfg.env.reward_fn_path)
     reward_module = sys.modules[reward_fn.__module__]
     labels = tuple(getattr(reward_module, "OUTCOMES", ()))
-    items, source = eval_items(cfg, req.n)
+    items, source = eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path, req.n)
     variants = eval_variants(req.perturb)
     if req.perturb and cfg.env.agent_fn != BUILTIN_AGENT:
         print(f"rlsys eval: WARNING --perturb sets item['prompt_variant']; the agent {cfg.env.agent_fn} "
@@ -253,10 +253,12 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
     model_path = resolve_model(cfg.model.ckpt)
 
     t0 = time.perf_counter()
-    owns_ray = init_ray(cfg, f"rlsys-eval-{secrets.token_hex(4)}")
+    owns_ray = init_ray(cfg.cluster, f"rlsys-eval-{secrets.token_hex(4)}")
     rollout, env_workers = None, []
     try:
-        rollout, proxy, env_workers = start_actors(cfg, model_path)
+        from jobs.placement import engine_settings
+
+        rollout, proxy, env_workers = start_actors(engine_settings(cfg, model_path), cfg.env, model_path)
         ray.get(rollout.set_temperature.remote(req.temperature))
         t_start = time.perf_counter()
         held_out = evaluate_held_out(env_workers, [proxy], items, variants, req.samples, reward_module, labels,

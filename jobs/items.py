@@ -8,17 +8,18 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rlsys.config import Config, ConfigError
+from rlsys.config import Config, ConfigError, DataConfig
 from rlsys.data import DatasetError, read_jsonl
 from rlsys.models.resolve import resolve_model
 from rlsys.plugins import load_agent, load_reward
 
 
-def item_validator(cfg: Config):
-    """What every dataset line must satisfy: an SFT chat, or the reward file's optional `validate_item`."""
-    if cfg.algo.name == "sft":
+def item_validator(algo: str, reward_fn_path: str):
+    """What every dataset line must satisfy: an SFT chat (``algo`` sft), or the reward file's optional
+    `validate_item`."""
+    if algo == "sft":
         return validate_chat
-    reward_fn, _ = load_reward(cfg.env.reward_fn_path)
+    reward_fn, _ = load_reward(reward_fn_path)
     return getattr(sys.modules[reward_fn.__module__], "validate_item", None)
 
 
@@ -39,9 +40,9 @@ def preflight(cfg: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     load_agent(cfg.env.agent_fn)
     load_reward(cfg.env.reward_fn_path)
     check_memory_budget(cfg)
-    items = load_items(cfg)
+    items = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)
     wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
-    return items, load_eval_items(cfg) if wants_eval else []
+    return items, load_eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path) if wants_eval else []
 
 
 def check_memory_budget(cfg: Config) -> None:
@@ -61,28 +62,30 @@ def check_memory_budget(cfg: Config) -> None:
           f"{split.learner_bytes / GIB:.1f} GiB, engine {split.engine_bytes / GIB:.1f} GiB", flush=True)
 
 
-def load_items(cfg: Config) -> list[dict[str, Any]]:
-    """Training items: the dataset file, or the generated tic-tac-toe boards (format-only chats for SFT)."""
-    if cfg.data.dataset_path:
-        return read_jsonl(cfg.data.dataset_path, validate=item_validator(cfg))
+def load_items(data: DataConfig, algo: str, reward_fn_path: str) -> list[dict[str, Any]]:
+    """Training items: the dataset file (checked by `item_validator`), or the generated tic-tac-toe boards
+    (format-only chats for ``algo`` sft)."""
+    if data.dataset_path:
+        return read_jsonl(data.dataset_path, validate=item_validator(algo, reward_fn_path))
     from rlsys.envs.tictactoe.dataset import make_dataset
 
-    boards = make_dataset(cfg.data.num_items, cfg.data.seed)
-    if cfg.algo.name == "sft":
+    boards = make_dataset(data.num_items, data.seed)
+    if algo == "sft":
         from rlsys.envs.tictactoe.sft_data import make_sft_dataset
 
-        return make_sft_dataset(boards, cfg.data.num_items, cfg.data.seed)
+        return make_sft_dataset(boards, data.num_items, data.seed)
     return boards
 
 
-def load_eval_items(cfg: Config) -> list[dict[str, Any]]:
-    """Held-out items: the eval file, or generated tic-tac-toe boards disjoint from the training boards."""
-    if cfg.data.eval_path:
-        reward_fn, _ = load_reward(cfg.env.reward_fn_path)
-        return read_jsonl(cfg.data.eval_path, validate=getattr(sys.modules[reward_fn.__module__], "validate_item", None))
-    if cfg.data.dataset_path and cfg.algo.name != "sft":
+def load_eval_items(data: DataConfig, algo: str, reward_fn_path: str) -> list[dict[str, Any]]:
+    """Held-out items: the eval file (checked by the reward file's `validate_item`), or generated tic-tac-toe
+    boards disjoint from the training boards."""
+    if data.eval_path:
+        reward_fn, _ = load_reward(reward_fn_path)
+        return read_jsonl(data.eval_path, validate=getattr(sys.modules[reward_fn.__module__], "validate_item", None))
+    if data.dataset_path and algo != "sft":
         raise DatasetError("data.eval_path: evaluating on a custom dataset needs its own held-out file")
     from rlsys.envs.tictactoe.dataset import make_dataset
 
-    train_boards = [item["board"] for item in make_dataset(cfg.data.num_items, cfg.data.seed)]
-    return make_dataset(cfg.data.num_eval_items, cfg.data.seed + 1, exclude=train_boards)
+    train_boards = [item["board"] for item in make_dataset(data.num_items, data.seed)]
+    return make_dataset(data.num_eval_items, data.seed + 1, exclude=train_boards)

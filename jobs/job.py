@@ -64,7 +64,7 @@ class Job:
         namespace = job_namespace(cfg.cluster.namespace, cfg.run_dir)
         marks = {**(marks or {}), "job_start": time.time()}  # when start-up milestones were reached (`startup/*`)
         import_meanwhile("jobs.placement")  # the actors' modules (torch, transformers) while Ray starts
-        owns_ray = init_ray(cfg, namespace)
+        owns_ray = init_ray(cfg.cluster, namespace)
         marks["ray_ready"] = time.time()
         from jobs.placement import make_env_workers, place_actors  # noqa: PLC0415 (waits for that import)
 
@@ -77,7 +77,7 @@ class Job:
         nodes = ray.get([r.node_id.remote() for r in placed.rollouts])
         marks["actors_up"] = time.time()
         starting = [r.start.remote() for r in placed.rollouts]
-        env_workers = make_env_workers(cfg, nodes=nodes)
+        env_workers = make_env_workers(cfg.env, nodes=nodes)
         try:
             if len(learners) > 1:
                 ip, port = ray.get(learner.address.remote())

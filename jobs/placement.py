@@ -25,9 +25,9 @@ from typing import Any
 import ray
 
 from actors.env_worker import EnvWorker
-from actors.learner import Learner
-from actors.rollout import RolloutWorker
-from rlsys.config import Config
+from actors.learner import Learner, LearnerSettings
+from actors.rollout import EngineSettings, RolloutWorker
+from rlsys.config import Config, EnvConfig, LearnerConfig, ModelConfig
 from rlsys.errors import UserInputError
 
 # Learner and engine each take half of the bundle's GPU: Ray only needs the shares to fit in the bundle;
@@ -59,24 +59,46 @@ class Placement:
     feeders: list[list[int]] | None = None  # (E, T) the learner ranks on each engine's GPUs; None = `sources`
 
 
-def make_env_workers(cfg: Config, nodes: list[str | None], name: str = "env", **options: Any) -> list[Any]:
+def learner_settings(cfg: Config, model_path: str | None = None) -> LearnerSettings:
+    """What a learner rank reads of ``cfg``; with `rollout.gpu_memory_budget_gib`, the budget's split for the
+    model at ``model_path`` (computed here once, as each actor computed it before)."""
+    from rlsys.memory import budget_split
+
+    budget = cfg.rollout.gpu_memory_budget_gib
+    return LearnerSettings(model=cfg.model, learner=cfg.learner, algo=cfg.algo, seed=cfg.seed, max_steps=cfg.max_steps,
+                           budget_gib=budget, memory=budget_split(cfg, model_path) if budget is not None else None)
+
+
+def engine_settings(cfg: Config, model_path: str) -> EngineSettings:
+    """What a rollout actor reads of ``cfg``, with the memory its vLLM engine may take (the budget's split, or
+    what a fixed `rollout.kv_cache_gib` makes it hold) for the model at ``model_path``."""
+    from rlsys.memory import budget_split, fixed_kv_engine_bytes
+
+    r = cfg.rollout
+    memory = budget_split(cfg, model_path)
+    kv_bytes = fixed_kv_engine_bytes(cfg, model_path) if memory is None and r.kv_cache_gib is not None else None
+    return EngineSettings(rollout=r, dtype=cfg.model.dtype, seed=cfg.seed, tp_size=cfg.cluster.tp_size,
+                          ray_executor=cfg.vllm_ray_executor(), memory=memory, kv_engine_bytes=kv_bytes)
+
+
+def make_env_workers(env: EnvConfig, nodes: list[str | None], name: str = "env", **options: Any) -> list[Any]:
     """Env workers (`{name}-{i}`), at least one per engine, each pinned to the node of the engine it calls
     (worker i -> engine i mod E), so agent traffic stays on loopback."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     env_cls = ray.remote(EnvWorker)
-    retries = 1 if cfg.env.retry_failed_worker else 0
+    retries = 1 if env.retry_failed_worker else 0
     workers = []
     cpus = node_cpus()
-    count = max(cfg.env.worker_count([cpus.get(n, 0.0) if n else 0.0 for n in dict.fromkeys(nodes)]), len(nodes))
+    count = max(env.worker_count([cpus.get(n, 0.0) if n else 0.0 for n in dict.fromkeys(nodes)]), len(nodes))
     for i in range(count):
         node = nodes[i % len(nodes)]
         where = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)} if node else {}
         workers.append(env_cls.options(
             name=f"{name}-{i}", num_cpus=0, max_restarts=-1, max_task_retries=retries,
-            max_concurrency=cfg.env.max_concurrency, **where, **options).remote(
-            cfg.env.agent_fn, cfg.env.reward_fn_path, agent_timeout_s=cfg.env.agent_timeout_s,
-            reward_timeout_s=cfg.env.reward_timeout_s))
+            max_concurrency=env.max_concurrency, **where, **options).remote(
+            env.agent_fn, env.reward_fn_path, agent_timeout_s=env.agent_timeout_s,
+            reward_timeout_s=env.reward_timeout_s))
     return workers
 
 
@@ -95,10 +117,12 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
     # learner and engine take turns (rollout, then train), so each may use every core in its phase
     threads = max(1, os.cpu_count() or 1)
     token = secrets.token_urlsafe(24)
-    learner = ray.remote(Learner).options(name="learner-0", num_cpus=0).remote(cfg, model_path, num_threads=threads)
+    learner = ray.remote(Learner).options(name="learner-0", num_cpus=0).remote(
+        learner_settings(cfg, model_path), model_path, num_threads=threads)
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024).remote(
-        cfg, model_path, api_token=token, num_threads=threads)
-    return Placement(learners=[learner], rollouts=[rollout], sources=[0], canary_tol=canary_tolerance(cfg, gpu=False))
+        engine_settings(cfg, model_path), model_path, api_token=token, num_threads=threads)
+    return Placement(learners=[learner], rollouts=[rollout], sources=[0],
+                     canary_tol=canary_tolerance(cfg.model, cfg.learner, gpu=False))
 
 
 def engine_bundles(world_size: int, tp_size: int) -> list[list[int]]:
@@ -106,16 +130,15 @@ def engine_bundles(world_size: int, tp_size: int) -> list[list[int]]:
     return [list(range(e * tp_size, (e + 1) * tp_size)) for e in range(world_size // tp_size)]
 
 
-def rollout_placement(cfg: Config, pg: Any, bundles: list[int]) -> dict[str, Any]:
+def rollout_placement(ray_workers: bool, pg: Any, bundles: list[int]) -> dict[str, Any]:
     """Ray options of the rollout actor of the engine on ``bundles``. With vLLM's workers in the actor's own
     engine process (tp_size 1): a share of the bundle's GPU, next to the learner. With vLLM's Ray executor
-    (`Config.vllm_ray_executor`): no GPU for the actor itself (it runs the scheduler and the proxy); its
-    placement group is captured by the tasks it starts, and `VLLM_RAY_BUNDLE_INDICES` /
+    (``ray_workers``: `Config.vllm_ray_executor`): no GPU for the actor itself (it runs the scheduler and the
+    proxy); its placement group is captured by the tasks it starts, and `VLLM_RAY_BUNDLE_INDICES` /
     `VLLM_RAY_PER_WORKER_GPUS` put one vLLM worker on each of the engine's bundles with the engine's share of
     that GPU, beside that bundle's learner rank (vLLM's examples/offline_inference/rlhf_colocate.py)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    ray_workers = cfg.vllm_ray_executor()
     env = gpu_actor_env()
     if ray_workers:
         env.update(VLLM_RAY_BUNDLE_INDICES=",".join(map(str, bundles)), VLLM_RAY_PER_WORKER_GPUS=str(ROLLOUT_GPU_SHARE))
@@ -147,23 +170,24 @@ def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:
     learners = [ray.remote(Learner).options(
         name=f"learner-{rank}", num_cpus=0, num_gpus=LEARNER_GPU_SHARE, runtime_env=runtime_env,
         scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank),
-    ).remote(cfg, model_path) for rank in range(c.world_size)]
+    ).remote(learner_settings(cfg, model_path), model_path) for rank in range(c.world_size)]
     feeders = engine_bundles(c.world_size, c.tp_size)  # rank r sits in bundle r
+    engine = engine_settings(cfg, model_path)
     rollouts = [ray.remote(RolloutWorker).options(
-        name=f"rollout-{e}", num_cpus=0, max_concurrency=1024, **rollout_placement(cfg, pg, bundles)).remote(
-        cfg, model_path, api_token=token) for e, bundles in enumerate(feeders)]
+        name=f"rollout-{e}", num_cpus=0, max_concurrency=1024, **rollout_placement(engine.ray_executor, pg, bundles)
+    ).remote(engine, model_path, api_token=token) for e, bundles in enumerate(feeders)]
     return Placement(learners=learners, rollouts=rollouts, sources=[f[0] for f in feeders], feeders=feeders,
-                     canary_tol=canary_tolerance(cfg, gpu=True), placement_group=pg)
+                     canary_tol=canary_tolerance(cfg.model, cfg.learner, gpu=True), placement_group=pg)
 
 
-def canary_tolerance(cfg: Config, gpu: bool) -> float:
+def canary_tolerance(model: ModelConfig, learner: LearnerConfig, gpu: bool) -> float:
     """The canary's default tolerance for the job's numerics (`sync.canary_tol` overrides it): float32 on both
     sides, bf16 on both sides, or fp32 master weights under bf16 autocast against a bf16 engine. `model.dtype`
     auto is bfloat16 on a GPU and float32 on CPU."""
-    half = cfg.model.dtype in ("bfloat16", "float16") or (gpu and cfg.model.dtype == "auto")
+    half = model.dtype in ("bfloat16", "float16") or (gpu and model.dtype == "auto")
     if not half:
         return FP32_CANARY_TOL
-    return AUTOCAST_CANARY_TOL if cfg.learner.fp32_master else BF16_CANARY_TOL
+    return AUTOCAST_CANARY_TOL if learner.fp32_master else BF16_CANARY_TOL
 
 
 def gpu_actor_env() -> dict[str, str]:

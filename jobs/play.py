@@ -128,12 +128,14 @@ class PlayBackend:
 
     def __init__(self, cfg: Any, model_path: str, temperature: float = 0.0, agent_timeout_s: float = 120.0) -> None:
         from actors.rollout import RolloutWorker
+        from jobs.placement import engine_settings
 
         self.cfg = cfg
         self.model_path = model_path
         self.temperature = temperature
         self.agent_timeout_s = agent_timeout_s
-        self.worker = RolloutWorker(cfg, model_path, num_threads=max(1, os.cpu_count() or 1))
+        self.worker = RolloutWorker(engine_settings(cfg, model_path), model_path,
+                                    num_threads=max(1, os.cpu_count() or 1))
         self.info: dict[str, Any] = {}
         self._http = None
 

@@ -170,7 +170,7 @@ def run_recipe(recipe: Recipe, run_dir: str | Path | None = None, cli_overrides:
     namespace = "rlsys-recipe-" + "".join(c if c.isalnum() or c in "_.-" else "-" for c in root.resolve().name)
     cfgs = resolve_stages(recipe, root, namespace, list(cli_overrides or []))
     root.mkdir(parents=True, exist_ok=True)
-    owns_ray = init_ray(cfgs[0], namespace)
+    owns_ray = init_ray(cfgs[0].cluster, namespace)
     timings: dict[str, float] = {"ray_start": time.perf_counter() - t0}
     try:
         for stage, cfg in zip(recipe.stages, cfgs):

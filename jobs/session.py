@@ -15,20 +15,20 @@ from typing import Any
 
 import ray
 
-from rlsys.config import Config
+from rlsys.config import ClusterConfig
 
 
-def init_ray(cfg: Config, namespace: str) -> bool:
+def init_ray(cluster: ClusterConfig, namespace: str) -> bool:
     """Join the cluster at `cluster.address` / RAY_ADDRESS, or start an embedded one; True if we own it."""
     if ray.is_initialized():
         return False
-    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+    address = cluster.address or os.environ.get("RAY_ADDRESS")
     if address:
         # under `ray job submit` the job's working_dir carries actors/ and jobs/ to every worker
         ray.init(address=address, namespace=namespace, log_to_driver=True)
         return False
     pythonpath = os.pathsep.join(filter(None, [str(_repo_root()), os.environ.get("PYTHONPATH")]))
-    ray.init(address="local", namespace=namespace, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
+    ray.init(address="local", namespace=namespace, num_cpus=cluster.num_cpus, include_dashboard=False,
              runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}},
              log_to_driver=True)
     return True

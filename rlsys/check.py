@@ -23,7 +23,7 @@ import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from rlsys.config import Config, ConfigError, add_config_args, config_from_args
+from rlsys.config import ClusterConfig, Config, ConfigError, add_config_args, config_from_args
 
 RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")  # written by `ray start --head`
 RAY_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
@@ -121,11 +121,11 @@ def reachable(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         return False
 
 
-def probe_cluster(cfg: Config, flag_address: str | None) -> Cluster:
+def probe_cluster(cluster: ClusterConfig, flag_address: str | None) -> Cluster:
     if flag_address:
         address, source = flag_address, "--address"
-    elif cfg.cluster.address:
-        address, source = cfg.cluster.address, "cluster.address"
+    elif cluster.address:
+        address, source = cluster.address, "cluster.address"
     elif os.environ.get("RAY_ADDRESS"):
         address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
     else:
@@ -259,7 +259,7 @@ def format_report(m: Machine, c: Cluster, plan: JobPlan, warnings: list[str], co
 
 def run_check(cfg: Config, flag_address: str | None = None) -> tuple[Machine, Cluster, JobPlan, list[str]]:
     m = probe_machine()
-    c = probe_cluster(cfg, flag_address)
+    c = probe_cluster(cfg.cluster, flag_address)
     plan, warnings = plan_job(cfg, m)
     return m, c, plan, warnings + cluster_warnings(c, m)
 

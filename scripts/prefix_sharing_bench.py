@@ -17,6 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from actors.learner import Learner
+from jobs.placement import learner_settings
 from jobs.items import load_items
 from rlsys.config import load_config
 from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
@@ -27,7 +28,7 @@ CALL = '<tool_call>\n{"name": "choose_square", "arguments": {"square": %d}}\n</t
 
 def step_batch(cfg, tok, seed: int) -> list[Trajectory]:
     rng = random.Random(seed)
-    items = rng.sample(load_items(cfg), cfg.rollout.batch_size)
+    items = rng.sample(load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path), cfg.rollout.batch_size)
     out = []
     for group, item in enumerate(items):
         text = tok.apply_chat_template(messages_for(item["board"]), tools=[CHOOSE_SQUARE_TOOL],
@@ -49,7 +50,8 @@ def main() -> None:
     cfgs = {on: load_config(path="configs/tictactoe-tiny-gspo.toml",
                             overrides=[f"model.ckpt={ckpt!r}", f"learner.prefix_sharing={str(on).lower()}",
                                        "run_dir='/tmp/prefix-bench'"]) for on in (True, False)}
-    learners = {on: Learner(cfg, ckpt, num_threads=torch.get_num_threads()) for on, cfg in cfgs.items()}
+    learners = {on: Learner(learner_settings(cfg, ckpt), ckpt, num_threads=torch.get_num_threads())
+                for on, cfg in cfgs.items()}
     batches = [step_batch(cfgs[True], tok, seed) for seed in range(reps)]
     print(f"prompt {len(batches[0][0].segments[0].input_ids) - batches[0][0].response_len} tokens, "
           f"{len(batches[0])} sequences a step, threads {torch.get_num_threads()}", flush=True)

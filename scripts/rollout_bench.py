@@ -23,7 +23,8 @@ from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
 
 
 def step_prompts(cfg, tok, seed: int) -> list[list[int]]:
-    items = random.Random(seed).sample(load_items(cfg), cfg.rollout.batch_size)
+    items = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)
+    items = random.Random(seed).sample(items, cfg.rollout.batch_size)
     out = []
     for item in items:
         text = tok.apply_chat_template(messages_for(item["board"]), tools=[CHOOSE_SQUARE_TOOL],

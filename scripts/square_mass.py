@@ -23,7 +23,9 @@ PREFIX = '<tool_call>\n{"name": "choose_square", "arguments": {"square": '
 
 def main():
     torch.set_num_threads(1)
-    held = load_eval_items(load_config())  # the job's held-out boards, as the in-job eval builds them
+    cfg = load_config()
+    # the job's held-out boards, as the in-job eval builds them
+    held = load_eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)
     for ckpt in sys.argv[1:]:
         tok = AutoTokenizer.from_pretrained(ckpt)
         model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()

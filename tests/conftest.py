@@ -35,6 +35,14 @@ def tiny_model_path() -> str:
     return str(ensure_tiny_model())
 
 
+def make_learner(cfg, model_path: str, **kwargs):
+    """A learner without Ray, given what the job gives its ranks of ``cfg`` (jobs/placement.py `learner_settings`)."""
+    from actors.learner import Learner
+    from jobs.placement import learner_settings
+
+    return Learner(learner_settings(cfg, model_path), model_path, **kwargs)
+
+
 def job_config(tmp_path: Path, *overrides: str, **flags: str):
     """A small tic-tac-toe job config rooted in ``tmp_path``."""
     from rlsys.config import load_config

@@ -21,9 +21,9 @@ def _trajectories() -> list[Trajectory]:
 
 
 def test_non_finite_loss_skips_the_optimizer_step(tmp_path, tiny_model_path):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
-    learner = Learner(job_config(tmp_path), tiny_model_path)
+    learner = make_learner(job_config(tmp_path), tiny_model_path)
     with torch.no_grad():
         learner.model.model.norm.weight.fill_(float("inf"))  # every logit becomes NaN
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
@@ -34,7 +34,7 @@ def test_non_finite_loss_skips_the_optimizer_step(tmp_path, tiny_model_path):
     for name, p in learner.model.named_parameters():
         assert torch.equal(p, before[name]), f"{name} changed although the step was skipped"
 
-    healthy = Learner(job_config(tmp_path), tiny_model_path)
+    healthy = make_learner(job_config(tmp_path), tiny_model_path)
     assert healthy.train(_trajectories())["train/skipped_steps"] == 0.0 and healthy.optimizer_steps == 1
 
 
@@ -68,13 +68,13 @@ def test_canary_catches_wrong_and_missing_engine_weights(ray_local, tmp_path, ti
 
 
 def test_a_trajectory_split_into_segments_counts_once(tmp_path, tiny_model_path):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
     trajs = _trajectories()
     first = trajs[0].segments[0]
     trajs[0].segments.append(Segment(input_ids=first.input_ids + [11], loss_mask=[0] * 6 + [1],
                                      rollout_logprobs=[0.0] * 6 + [-1.0]))  # a turn that broke the prefix
-    rows, _ = Learner(job_config(tmp_path), tiny_model_path)._policy_rows(trajs)
+    rows, _ = make_learner(job_config(tmp_path), tiny_model_path)._policy_rows(trajs)
     assert len(rows) == 5 and sum(r.weight for r in rows) == pytest.approx(4.0)
     split = [r for r in rows if r.group == 0 and r.weight == 0.5]
     assert len(split) == 2 and split[0].advantage == split[1].advantage

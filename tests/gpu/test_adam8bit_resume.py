@@ -75,9 +75,9 @@ def resumed_run(model_path: str, ckpt: str, out_dir: str) -> None:
     comparison, then the third step."""
     import torch
 
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
-    learner = Learner(learner_config(), ckpt)
+    learner = make_learner(learner_config(), ckpt)
     steps = learner.load_state(ckpt)
     torch.save(flat_state(learner.optimizer), os.path.join(out_dir, "loaded_state.pt"))
     result = step_and_record(learner, fixed_batch(learner.model.config.vocab_size), os.path.join(out_dir, "resumed.pt"))
@@ -87,9 +87,9 @@ def resumed_run(model_path: str, ckpt: str, out_dir: str) -> None:
 def test_adam_8bit_state_and_next_step_survive_a_resume_in_a_new_process(tmp_path, gpu_tiny_path):
     import torch
 
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
-    learner = Learner(learner_config(), gpu_tiny_path)
+    learner = make_learner(learner_config(), gpu_tiny_path)
     assert type(learner.optimizer).__module__.startswith("bitsandbytes"), type(learner.optimizer)
     batch = fixed_batch(learner.model.config.vocab_size)
     for _ in range(2):

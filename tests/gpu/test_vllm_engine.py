@@ -51,11 +51,11 @@ def engine(loop, gpu_tiny_path):
 
 @pytest.fixture(scope="module")
 def learner(gpu_tiny_path):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
     from rlsys.config import load_config
 
     cfg = load_config(flags={"--ckpt": gpu_tiny_path, "--lr": "3e-3"})
-    lrn = Learner(cfg, gpu_tiny_path)
+    lrn = make_learner(cfg, gpu_tiny_path)
     assert lrn.device.type == "cuda" and lrn.dtype == torch.bfloat16
     yield lrn
     del lrn

@@ -69,7 +69,7 @@ def test_three_trained_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_pa
     flags = {"--drop-rollout-state": True} if drop_rollout_state else {}
     cfg = gpu_job_config(tmp_path, gpu_tiny_path, f"rollout.executor={executor}", f"rollout.keep_awake={keep_awake}",
                          f"learner.fp32_master={str(fp32_master).lower()}", **flags)
-    tol = canary_tolerance(cfg, gpu=True)  # the default the job runs with (sync.canary_tol unset)
+    tol = canary_tolerance(cfg.model, cfg.learner, gpu=True)  # the default the job runs with (sync.canary_tol unset)
     run_dir = run_training(cfg)
     out = capfd.readouterr().out
     if executor == "ray":  # the driver's transport line names the Ray worker fed by the rank on its GPU

@@ -98,7 +98,9 @@ def test_eval_rates_of_a_model_that_always_plays_5_match_the_boards(ray_local, f
     n = 8
     report = run_eval(EvalRequest(ckpt=str(fixed_model), n=n, perturb=True,
                                   overrides=["logging.progress=false", "rollout.max_new_tokens=32"]))
-    boards = [it["board"] for it in load_eval_items(load_config())[:n]]
+    default = load_config()
+    held_out = load_eval_items(default.data, default.algo.name, default.env.reward_fn_path)
+    boards = [it["board"] for it in held_out[:n]]
     assert report["num_boards"] == n and "disjoint" in report["boards"]
     assert list(report["variants"]) == ["default", *PERTURBATIONS]
 
@@ -201,7 +203,7 @@ def test_in_job_eval_with_perturb_reports_every_variant(ray_local, fixed_model, 
     run_dir = run_training(cfg)
     (row,) = read_metrics(run_dir / "eval.jsonl")
     assert row["tag"] == "start"
-    boards = [it["board"] for it in load_eval_items(cfg)]
+    boards = [it["board"] for it in load_eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)]
     assert len(boards) == n
     expected = _expected(boards)
     assert row["eval/valid_call_rate"] == pytest.approx(1.0)

@@ -236,16 +236,17 @@ def test_rollout_actor_options_put_vllm_ray_workers_on_the_engine_bundles():
     from rlsys.config import load_config
 
     pg = object()  # only carried into the scheduling strategy
-    tp = rollout_placement(load_config(overrides=["cluster.world_size=4", "cluster.tp_size=2"]), pg, [2, 3])
+    tp = rollout_placement(load_config(overrides=["cluster.world_size=4", "cluster.tp_size=2"]).vllm_ray_executor(),
+                           pg, [2, 3])
     env = tp["runtime_env"]["env_vars"]
     assert tp["num_gpus"] == 0 and env["VLLM_RAY_BUNDLE_INDICES"] == "2,3"
     assert float(env["VLLM_RAY_PER_WORKER_GPUS"]) == ROLLOUT_GPU_SHARE
     strategy = tp["scheduling_strategy"]
     assert strategy.placement_group_bundle_index == 2 and strategy.placement_group_capture_child_tasks
-    one = rollout_placement(load_config(overrides=["cluster.world_size=2"]), pg, [1])
+    one = rollout_placement(load_config(overrides=["cluster.world_size=2"]).vllm_ray_executor(), pg, [1])
     assert one["num_gpus"] == ROLLOUT_GPU_SHARE and "VLLM_RAY_BUNDLE_INDICES" not in one["runtime_env"]["env_vars"]
     assert not one["scheduling_strategy"].placement_group_capture_child_tasks
-    ray_at_tp1 = rollout_placement(load_config(overrides=["rollout.executor=ray"]), pg, [0])
+    ray_at_tp1 = rollout_placement(load_config(overrides=["rollout.executor=ray"]).vllm_ray_executor(), pg, [0])
     assert ray_at_tp1["runtime_env"]["env_vars"]["VLLM_RAY_BUNDLE_INDICES"] == "0"
 
 

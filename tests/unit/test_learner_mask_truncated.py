@@ -13,11 +13,11 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.mark.parametrize("mask", [True, False], ids=["masked", "kept"])
 def test_cut_off_answers_leave_the_advantages_only_when_masked(tmp_path, tiny_model_path, mask):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
     trajs = _trajectories()  # one group, rewards 1.0, 0.0, 0.5, -1.0
     trajs[0].truncated_turns = 1  # the best-rewarded answer was cut at max_tokens
-    learner = Learner(job_config(tmp_path, f"algo.mask_truncated={str(mask).lower()}"), tiny_model_path)
+    learner = make_learner(job_config(tmp_path, f"algo.mask_truncated={str(mask).lower()}"), tiny_model_path)
     rows, metrics = learner._policy_rows(trajs)
 
     kept = trajs[1:] if mask else trajs

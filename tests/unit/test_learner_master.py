@@ -24,10 +24,10 @@ def _moved_fraction(learner, before: dict[str, torch.Tensor]) -> float:
 
 @pytest.mark.parametrize("master", [True, False], ids=["fp32_master", "bf16"])
 def test_small_updates_survive_only_with_fp32_masters(tmp_path, tiny_model_path, master):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
     cfg = job_config(tmp_path, "model.dtype=bfloat16", f"learner.fp32_master={str(master).lower()}", lr="1e-6")
-    learner = Learner(cfg, tiny_model_path)
+    learner = make_learner(cfg, tiny_model_path)
     dtypes = {p.dtype for p in learner.model.parameters()}
     assert dtypes == ({torch.float32} if master else {torch.bfloat16})
     before = {n: p.detach().float().clone() for n, p in learner.model.named_parameters()}
@@ -54,11 +54,11 @@ def test_small_updates_survive_only_with_fp32_masters(tmp_path, tiny_model_path,
 
 def test_fp32_master_scores_like_the_bf16_model(tmp_path, tiny_model_path):
     """The canary's reference (`score`) runs under autocast: close to a pure bf16 model, not to fp32."""
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
     prompt, continuation = list(range(5, 40)), [41, 42, 43, 44]
-    master = Learner(job_config(tmp_path, "model.dtype=bfloat16", "learner.fp32_master=true"), tiny_model_path)
-    plain = Learner(job_config(tmp_path, "model.dtype=bfloat16"), tiny_model_path)
+    master = make_learner(job_config(tmp_path, "model.dtype=bfloat16", "learner.fp32_master=true"), tiny_model_path)
+    plain = make_learner(job_config(tmp_path, "model.dtype=bfloat16"), tiny_model_path)
     a, b = master.score(prompt, continuation), plain.score(prompt, continuation)
     assert max(abs(x - y) for x, y in zip(a, b)) < 0.05
 

@@ -24,9 +24,9 @@ def _entropy_now(learner) -> float:
 
 @pytest.mark.parametrize("sharing", [True, False], ids=["prefix-sharing", "plain"])
 def test_entropy_is_logged_by_default_and_nothing_else_changes(tmp_path, tiny_model_path, sharing):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
-    learner = Learner(job_config(tmp_path, f"learner.prefix_sharing={str(sharing).lower()}"), tiny_model_path)
+    learner = make_learner(job_config(tmp_path, f"learner.prefix_sharing={str(sharing).lower()}"), tiny_model_path)
     assert learner.ref_model is None  # kl_coef = 0: no reference loaded
     stats = learner.train(_trajectories())
     assert 0.0 < stats["train/entropy"] < torch.log(torch.tensor(learner.model.config.vocab_size)).item()
@@ -39,9 +39,9 @@ def test_entropy_is_logged_by_default_and_nothing_else_changes(tmp_path, tiny_mo
 
 
 def test_entropy_bonus_moves_a_batch_without_signal_towards_more_entropy(tmp_path, tiny_model_path):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
-    learner = Learner(job_config(tmp_path, "algo.entropy_coef=1.0"), tiny_model_path)
+    learner = make_learner(job_config(tmp_path, "algo.entropy_coef=1.0"), tiny_model_path)
     start = _entropy_now(learner)
     for _ in range(3):
         stats = learner.train(_same_reward(_trajectories()))
@@ -50,9 +50,9 @@ def test_entropy_bonus_moves_a_batch_without_signal_towards_more_entropy(tmp_pat
 
 
 def test_kl_penalty_loads_a_frozen_reference_and_measures_the_drift(tmp_path, tiny_model_path):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
-    learner = Learner(job_config(tmp_path, "algo.kl_coef=0.1"), tiny_model_path)
+    learner = make_learner(job_config(tmp_path, "algo.kl_coef=0.1"), tiny_model_path)
     ref = learner.ref_model
     assert ref is not None and not ref.training
     assert all(not p.requires_grad for p in ref.parameters())
@@ -67,27 +67,27 @@ def test_kl_penalty_loads_a_frozen_reference_and_measures_the_drift(tmp_path, ti
 
 
 def test_kl_penalty_alone_moves_no_weights_while_the_policy_is_the_reference(tmp_path, tiny_model_path):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
-    learner = Learner(job_config(tmp_path, "algo.kl_coef=1.0"), tiny_model_path)
+    learner = make_learner(job_config(tmp_path, "algo.kl_coef=1.0"), tiny_model_path)
     stats = learner.train(_same_reward(_trajectories()))
     assert stats["train/active_frac"] == 1.0 and stats["train/kl_ref"] == 0.0
     assert stats["train/grad_norm"] == 0.0  # k3's gradient vanishes at policy == reference
 
 
 def test_a_resumed_learner_compares_against_the_initial_model_not_the_checkpoint(tmp_path, tiny_model_path):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
     cfg = job_config(tmp_path, "algo.kl_coef=0.1")
-    trained = Learner(cfg, tiny_model_path)
+    trained = make_learner(cfg, tiny_model_path)
     for _ in range(2):
         trained.train(_trajectories())
     ckpt = tmp_path / "ckpt"
     trained.save_state(ckpt)
 
-    resumed = Learner(cfg, str(ckpt))  # what the job does on --resume: the policy from the checkpoint
+    resumed = make_learner(cfg, str(ckpt))  # what the job does on --resume: the policy from the checkpoint
     resumed.load_state(ckpt)
-    initial = Learner(job_config(tmp_path), tiny_model_path).model.state_dict()
+    initial = make_learner(job_config(tmp_path), tiny_model_path).model.state_dict()
     for name, p in resumed.ref_model.state_dict().items():
         assert torch.equal(p, initial[name]), f"{name}: the reference is not the initial model"
     assert resumed.train(_trajectories())["train/kl_ref"] > 1e-6  # the policy kept its distance from it

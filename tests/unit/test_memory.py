@@ -228,28 +228,29 @@ def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tm
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: calls.update(f=f, index=index))
-    fraction = apply_memory_budget(cfg, str(qwen15b_folder), torch.device("cuda"))
     split = budget_split(cfg, qwen15b_folder)
+    fraction = apply_memory_budget(split, 24.0, torch.device("cuda"))
     assert calls == {"f": fraction, "index": 0}
     assert fraction == pytest.approx((split.learner_bytes - CONTEXT_BYTES) / (140 * GIB))
-    assert apply_memory_budget(cfg, str(qwen15b_folder), torch.device("cpu")) is None
+    assert apply_memory_budget(split, 24.0, torch.device("cpu")) is None
 
     # the engine gets the rest of the budget (actors/rollout.py)
     import rlsys.engines.vllm_engine as vllm_engine
     from actors.rollout import engine_memory_fraction
+    from jobs.placement import engine_settings
 
     monkeypatch.setattr(vllm_engine, "device_total_bytes", lambda: 140 * GIB)
-    assert engine_memory_fraction(cfg, str(qwen15b_folder)) == pytest.approx(
+    assert engine_memory_fraction(engine_settings(cfg, str(qwen15b_folder))) == pytest.approx(
         (split.engine_bytes - CONTEXT_BYTES) / (140 * GIB))
     cfg.rollout.gpu_memory_budget_gib = None
-    assert engine_memory_fraction(cfg, str(qwen15b_folder)) == pytest.approx(1 / 3)
+    assert engine_memory_fraction(engine_settings(cfg, str(qwen15b_folder))) == pytest.approx(1 / 3)
     # a fixed KV cache and no budget: what the engine holds (weights, activations, that cache), not a third
     cfg.rollout.kv_cache_gib = 3.0
     from rlsys.memory import job_estimate
 
     engine = job_estimate(cfg, qwen15b_folder).engine
     held = engine["weights"] + engine["activations"] + engine["CUDA graphs"] + 3 * GIB
-    assert engine_memory_fraction(cfg, str(qwen15b_folder)) == pytest.approx(held / (140 * GIB))
+    assert engine_memory_fraction(engine_settings(cfg, str(qwen15b_folder))) == pytest.approx(held / (140 * GIB))
     assert held < 140 * GIB / 3
     cfg.rollout.kv_cache_gib = None
 

@@ -169,11 +169,11 @@ def test_learner_minibatch_gradients_equal_with_and_without_sharing(tmp_path, ti
     """The learner's own path: rows ordered by prompt into micro-batches of 3, so a board's samples are split over
     two and one micro-batch mixes shared and plain rows; in "decoupled" mode logp_old is the learner's recompute,
     shared too."""
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
     grads, stats = {}, {}
     for on in (True, False):
-        learner = Learner(job_config(tmp_path, f"learner.prefix_sharing={str(on).lower()}", f"algo.name={algo}",
+        learner = make_learner(job_config(tmp_path, f"learner.prefix_sharing={str(on).lower()}", f"algo.name={algo}",
                                      f"algo.logp_mode={logp_mode}", mini_bs="3", batch_size="3", n_samples="3"),
                           tiny_model_path)
         assert learner.prefix_sharing is on
@@ -196,8 +196,8 @@ def test_learner_minibatch_gradients_equal_with_and_without_sharing(tmp_path, ti
 
 
 def test_sharing_is_off_under_gradient_checkpointing(tmp_path, tiny_model_path):
-    from actors.learner import Learner
+    from tests.conftest import make_learner
 
-    learner = Learner(job_config(tmp_path, "model.gradient_checkpointing=true", "algo.name=gspo"), tiny_model_path)
+    learner = make_learner(job_config(tmp_path, "model.gradient_checkpointing=true", "algo.name=gspo"), tiny_model_path)
     assert not learner.prefix_sharing
     assert "checkpointing" in sharing_supported(learner.model)

@@ -85,6 +85,6 @@ def test_the_default_canary_tolerance_follows_the_jobs_numerics(dtype, fp32_mast
     from rlsys.config import load_config
 
     cfg = load_config(overrides=[f"model.dtype={dtype}", f"learner.fp32_master={str(fp32_master).lower()}"])
-    assert placement.canary_tolerance(cfg, gpu=gpu) == getattr(placement, expected)
+    assert placement.canary_tolerance(cfg.model, cfg.learner, gpu=gpu) == getattr(placement, expected)
     # a healthy fp32-master job (0.025-0.085 measured) passes; a skipped push (~3.8) fails under every default
     assert placement.BF16_CANARY_TOL < 0.025 < 0.085 < placement.AUTOCAST_CANARY_TOL < 3.8 / 10
