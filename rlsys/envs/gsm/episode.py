@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from rlsys.envs.gsm.calculator import CalculatorError, evaluate, format_number
 from rlsys.envs.gsm.prompt import ANSWER, CALCULATE, TOOL_NAMES
+from rlsys.envs.tictactoe_game.turns import replay_turns
 from rlsys.proxy.toolcalls import parse_tool_calls
 
 MAX_TURNS = 6
@@ -127,9 +128,4 @@ def _has_call_attempt(content: object) -> bool:
 
 
 def replay(item: dict, turns: list) -> Episode:
-    ep = Episode.start(item)
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise ValueError(f"turn {i} is a {type(turn).__name__}, not a turn record (agent bug)")
-        ep.play_turn(turn)
-    return ep
+    return replay_turns(Episode.start(item), turns)
