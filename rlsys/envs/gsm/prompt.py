@@ -5,9 +5,10 @@ Tool results are the calculator's text (calculator.py): a number, or "error: ...
 Why the system prompt shows the two calls written out: with a plain instruction ("work it out with the calculate
 tool, then call answer") Qwen2.5-Coder-0.5B-Instruct wrote a chain of thought in text on 6 of 6 held-out problems
 (greedy, cut at 192 tokens: every episode `no_answer`, so every GSPO group would score -1 alike), and a stricter
-instruction made it reply with the word "calculate". With the example calls, 7 of 8 episodes (4 problems x 2 at
-temperature 1) called the tools, over up to 4 turns, and 6 reached answer or a calculation (CPU probe with
-`rlsys eval --n 4 --samples 2 --temperature 1`, transformers engine; a smoke check, not a measurement).
+instruction made it reply with the word "calculate". With the example calls, of 8 episodes (4 problems x 2 at
+temperature 1) 5 called calculate and then answer (all 5 wrong), 2 ended on a malformed call (one after three good
+calculate turns), 1 answered in prose (CPU probe with `rlsys eval --n 4 --samples 2 --temperature 1`, transformers
+engine; a smoke check, not a measurement).
 """
 from __future__ import annotations
 
