@@ -126,6 +126,9 @@ def test_adam_8bit_state_and_next_step_survive_a_resume_in_a_new_process(tmp_pat
     measure("adam8bit_resume_weights_moved_frac", moved)
     measure("adam8bit_resume_weights_differ_frac", differ)
     # the same update from the same state: the third step moved most bf16 weights, and the resumed run's weights
-    # equal the uninterrupted run's but for the few the backward's atomics (embedding gradients) may round apart
+    # equal the uninterrupted run's but for the few the backward's atomics (embedding gradients) may round apart, or
+    # that another process's kernels round apart: measured on the H200 0 alone and 0.012 beside four training runs
+    # (whose load made the resumed forward pick other kernels: loss 5.92372 vs 5.92368). A lost or reset state moves
+    # about as many as the step itself (`moved`, 0.96), so 0.1 still tells the two apart
     assert moved > 0.5, moved
-    assert differ <= 0.01, differ
+    assert differ <= 0.1, differ
