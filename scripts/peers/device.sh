@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The side-by-side of issue 25 on the GPU machine (docs/peers.md). NOT YET RUN ON A GPU.
+# From the repo root, after the gpu-site, qwen and peer-NAME bundles are unpacked (docs/peers.md, "GPU session"):
+#   bash scripts/peers/device.sh start NAME    # NAME: rlsys | rlsys-default | trl | verl; detached (setsid), returns
+#   bash scripts/peers/device.sh wait NAME S   # waits up to S s; once the run ended, `rlsys eval` on its final
+#                                              # model (same held-out boards, --perturb); copies the results to $OUT
+# One run at a time, alone on the GPU. Every run gets the same GPU memory log: nvidia-smi's memory.used each second
+# (mem.csv; the peak is its max), whatever the framework reports itself.
+set -u
+source tests/gpu/device_env.sh  # $out, PYTHONPATH=/tmp/gpu-site/site:$PWD:..., the GPU environment
+cmd=${1:?start|wait} peer=${2:?rlsys|rlsys-default|trl|verl}
+P=/tmp/peers/$peer; mkdir -p "$P"
+gguf=${GGUF:-/tmp/qwen/qwenpack/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+config=configs/tictactoe-qwen0.5b.toml
+# rlsys on the peers' work: 4 boards x 4 samples, no dynamic sampling, 100 steps, no evals inside the timed run
+equal_work="max_steps=100 max_train_minutes=120 rollout.n_samples=4 algo.dynamic_sampling=false eval.at_start=false
+  eval.at_end=false checkpoint.save_interval=100"
+
+model_folder() {  # rlsys's conversion of the GGUF (cached; ~30 s the first time)
+  python3 -c "import sys; from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1]))" "$gguf" | tail -1
+}
+
+start() {
+  local M; M=$(model_folder)
+  setsid nohup bash -c "while true; do nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits; sleep 1; done" \
+    > "$P/mem.csv" 2>/dev/null < /dev/null & echo $! > "$P/mem.pid"
+  date +%s.%N > "$P/t_command"
+  case $peer in
+    trl) PYTHONPATH=/tmp/peer-trl/site:$PYTHONPATH setsid nohup bash -c \
+           "python3 scripts/peers/trl_gspo.py --model '$M' --out '$P'; echo rc=\$?" > "$P/run.log" 2>&1 < /dev/null & ;;
+    verl) PYTHONPATH=/tmp/peer-verl/site:$PYTHONPATH MODEL=$M OUT=$P setsid nohup bash -c \
+           "bash scripts/peers/verl_gspo.sh; echo rc=\$?" > "$P/run.log" 2>&1 < /dev/null & ;;
+    rlsys) setsid nohup bash -c "python3 -m rlsys.cli train --config $config --ckpt '$gguf' --run-dir '$P/run' \
+           $(echo $equal_work); echo rc=\$?" > "$P/run.log" 2>&1 < /dev/null & ;;
+    rlsys-default) setsid nohup bash -c "python3 -m rlsys.cli train --config $config --ckpt '$gguf' --run-dir '$P/run' \
+           max_steps=100 max_train_minutes=120 eval.at_start=false eval.at_end=false checkpoint.save_interval=100; \
+           echo rc=\$?" > "$P/run.log" 2>&1 < /dev/null & ;;
+    *) echo "device.sh: unknown peer $peer"; exit 2 ;;
+  esac
+  echo "device.sh: $peer started; logs in $P"
+}
+
+final_model() {  # the folder `rlsys eval --ckpt` takes
+  case $peer in rlsys*) echo "$P/run" ;; *) echo "$P/final" ;; esac
+}
+
+wait_for() {
+  local deadline=$(( $(date +%s) + ${1:-500} ))
+  while ! grep -q '^rc=' "$P/run.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+  if grep -q '^rc=' "$P/run.log" && [ ! -f "$P/eval.json" ]; then
+    kill "$(cat "$P/mem.pid")" 2>/dev/null
+    python3 -m jobs.eval --ckpt "$(final_model)" --config $config --perturb --json "$P/eval.json" > "$P/eval.log" 2>&1
+  fi
+  mkdir -p "$out/$peer"
+  cp "$P"/*.json "$P"/*.jsonl "$P"/*.log "$P"/mem.csv "$P"/t_command "$out/$peer/" 2>/dev/null
+  [ -d "$P/run" ] && cp "$P"/run/*.jsonl "$P"/run/*.toml "$out/$peer/" 2>/dev/null
+  tail -3 "$P/run.log"; echo "peak memory.used MiB: $(cut -d, -f2 "$P/mem.csv" | sort -n | tail -1)"
+}
+
+case $cmd in
+  start) start ;;
+  wait) wait_for "${3:-500}" ;;
+  *) echo "usage: device.sh start|wait NAME [S]"; exit 2 ;;
+esac
