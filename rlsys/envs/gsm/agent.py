@@ -18,35 +18,16 @@ from typing import TYPE_CHECKING
 from rlsys.envs.gsm.episode import Episode
 from rlsys.envs.gsm.perturb import effective_item
 from rlsys.envs.gsm.prompt import TOOLS, first_messages
-from rlsys.envs.ledger.agent import CONTEXT_FULL
-from rlsys.envs.tictactoe_game.turns import assistant_echo, tool_message, turn_record
+from rlsys.envs.tictactoe_game.turns import play_tool_turns
 
 if TYPE_CHECKING:
     import openai
 
 
 async def solve(item: dict, client: openai.AsyncOpenAI, model: str, *, keep_prompt_ids: bool = False) -> dict:
-    import openai
-
     ep = Episode.start(effective_item(item))
-    messages = first_messages(ep.item)
-    turns: list[dict] = []
-    end = None
-    while not ep.over:
-        try:
-            response = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
-        except openai.BadRequestError as err:
-            if turns and (getattr(err, "code", None) == "context_length_exceeded" or CONTEXT_FULL in str(err)):
-                end = "context_full"
-                break
-            raise
-        turn = turn_record(response, keep_prompt_ids=keep_prompt_ids)
-        turns.append(turn)
-        results = ep.play_turn(turn)
-        if results is None:
-            break
-        messages.append(assistant_echo(turn))
-        messages += [tool_message(call_id, text) for call_id, text in results]
+    turns, end = await play_tool_turns(ep, first_messages(ep.item), client, model, TOOLS,
+                                       keep_prompt_ids=keep_prompt_ids)
     return {"turns": turns, "calculations": ep.calculations, "answer": ep.answer, "end": end or ep.end}
 
 

@@ -19,38 +19,15 @@ from typing import TYPE_CHECKING
 
 from rlsys.envs.ledger.episode import Episode
 from rlsys.envs.ledger.prompt import TOOLS, first_messages
-from rlsys.envs.tictactoe_game.turns import assistant_echo, tool_message, turn_record
+from rlsys.envs.tictactoe_game.turns import play_tool_turns
 
 if TYPE_CHECKING:
     import openai
 
-# How the proxy's 400 says the prompt fills the context: today only in the message text; OpenAI's code
-# "context_length_exceeded" is accepted too (proposed for rlsys/proxy/server.py::_sampling_params).
-CONTEXT_FULL = "leaves no room to generate"
-
 
 async def run(item: dict, client: openai.AsyncOpenAI, model: str, *, keep_prompt_ids: bool = False) -> dict:
-    import openai
-
     ep = Episode.start(item)
-    messages = first_messages(item)
-    turns: list[dict] = []
-    end = None
-    while not ep.over:
-        try:
-            response = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
-        except openai.BadRequestError as err:
-            if turns and (getattr(err, "code", None) == "context_length_exceeded" or CONTEXT_FULL in str(err)):
-                end = "context_full"
-                break
-            raise
-        turn = turn_record(response, keep_prompt_ids=keep_prompt_ids)
-        turns.append(turn)
-        results = ep.play_turn(turn)
-        if results is None:
-            break
-        messages.append(assistant_echo(turn))
-        messages += [tool_message(call_id, text) for call_id, text in results]
+    turns, end = await play_tool_turns(ep, first_messages(item), client, model, TOOLS, keep_prompt_ids=keep_prompt_ids)
     return {"turns": turns, "actions": ep.actions, "end": end or ep.end or "max_turns",
             "final_statuses": ep.ledger.statuses()}
 

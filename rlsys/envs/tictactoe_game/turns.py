@@ -12,7 +12,7 @@ full re-render of the conversation, and a `segment_break` wherever that re-rende
 was sampled (docs/results-multiturn.md lists the cases for the tiny model's Qwen2.5-style template);
 nothing is trained on mismatched tokens.
 
-Used by both multi-turn environments (tictactoe_game, ledger). It belongs in a shared module
+Used by the multi-turn environments (tictactoe_game, ledger, gsm). It belongs in a shared module
 (e.g. rlsys/envs/multiturn.py); it lives here because this is the first multi-turn environment.
 
 Turn record (one per chat completion, JSON-serialisable, what agents return and rewards replay):
@@ -72,3 +72,33 @@ def replay_turns(episode: _Episode, turns: list) -> _Episode:
             raise ValueError(f"turn {i} is a {type(turn).__name__}, not a turn record (agent bug)")
         episode.play_turn(turn)
     return episode
+
+
+# How the proxy's 400 says the prompt fills the context: today only in the message text; OpenAI's code
+# "context_length_exceeded" is accepted too (proposed for rlsys/proxy/server.py::_sampling_params).
+CONTEXT_FULL = "leaves no room to generate"
+
+
+async def play_tool_turns(episode: Any, messages: list[dict], client: Any, model: str, tools: list,
+                          *, keep_prompt_ids: bool = False) -> tuple[list[dict], str | None]:
+    """Ask the model, let `episode.play_turn` answer its tool calls, send the results back, until `episode.over`
+    or `play_turn` returns None. Returns the turn records and "context_full" when the proxy refused a later
+    prompt for filling the context (a first prompt that does is the caller's error and raises), else None."""
+    import openai
+
+    turns: list[dict] = []
+    while not episode.over:
+        try:
+            response = await client.chat.completions.create(model=model, messages=messages, tools=tools)
+        except openai.BadRequestError as err:
+            if turns and (getattr(err, "code", None) == "context_length_exceeded" or CONTEXT_FULL in str(err)):
+                return turns, "context_full"
+            raise
+        turn = turn_record(response, keep_prompt_ids=keep_prompt_ids)
+        turns.append(turn)
+        results = episode.play_turn(turn)
+        if results is None:
+            break
+        messages.append(assistant_echo(turn))
+        messages += [tool_message(call_id, text) for call_id, text in results]
+    return turns, None
