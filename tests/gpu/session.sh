@@ -8,6 +8,7 @@
 # time (each vLLM with a fixed KV cache: rollout.kv_cache_gib), the first alone until it sampled (its start-up
 # is the fresh machine's); then the benchmarks of docs/performance.md one after another, alone on the GPU.
 # RUNS=none: the benchmarks only (no Qwen bundle needed), e.g. RUNS=none BENCH="startup bench-step" ... start
+# A run of another config: NAME@CONFIG=overrides, e.g. RUNS="gsm@configs/gsm-qwen0.5b.toml=seed=0".
 set -u
 source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
 S=/tmp/rlsys-session runs=/tmp/qwen-runs
@@ -26,11 +27,12 @@ train() {  # train NAME ARGS...: one rlsys train in the background, its log besi
 queue() {
   export RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.04  # several local Rays: 30% of RAM each does not fit
   local common=(--ckpt "$gguf" ${FLAGS:-} rollout.kv_cache_gib=${KV_GIB:-3} eval.every=100 ${EXTRA:-})  # flags, then dotted
-  local first=1 spec name ov
+  local first=1 spec name ov cfg
   [ "${RUNS:-}" = none ] && RUNS=  # benchmarks only
   for spec in ${RUNS-lr1e-5=learner.lr=1e-5}; do  # NAME=dotted.key=value,dotted.key=value
-    name=${spec%%=*} ov=${spec#*=}
-    train "$name" --config configs/tictactoe-qwen0.5b.toml --max-steps "${STEPS:-400}" "${common[@]}" ${ov//,/ }
+    name=${spec%%=*} ov=${spec#*=} cfg=configs/tictactoe-qwen0.5b.toml
+    case $name in *@*) cfg=${name#*@} name=${name%%@*} ;; esac
+    train "$name" --config "$cfg" --max-steps "${STEPS:-400}" "${common[@]}" ${ov//,/ }
     if (( first )); then  # alone until its first step: start-up on a fresh machine, then the rest
       first=0
       for _ in $(seq 60); do [ -s "$runs/$name/metrics.jsonl" ] || grep -q "^rc=" "$runs/$name.log" && break; sleep 5; done
@@ -61,6 +63,7 @@ collect() {
 
 case ${1:?start or wait} in
   start)
+    [ -f /tmp/gpu-site/.done ] || { echo "gpu-site is not unpacked whole (/tmp/gpu-site/.done missing): carry its parts first"; exit 1; }
     { nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
       python3 -c "import vllm, torch, ray, transformers, bitsandbytes; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__, 'bnb', bitsandbytes.__version__)"
     } >> "$S/queue.log" 2>&1
