@@ -20,6 +20,9 @@ gradient accumulation. Departures worth knowing:
   as `train/kl_ref`) give zero-advantage sequences a gradient too, so with either set every sequence runs.
   The reference (`load_reference`) is the initial model `model.ckpt`, also when a resumed job's policy starts
   from a checkpoint: a resume reloads it from there, never from the checkpoint.
+- LoRA (`learner.lora.enabled`, rlsys/lora.py): the model is the frozen base wrapped by peft; only the adapters
+  are parameters of the optimizer, pushed (`export_weights`) and counted (`num_parameters`), and a checkpoint holds
+  them in peft's format; `load_state` loads them back into the base the job started from.
 """
 from __future__ import annotations
 
@@ -128,9 +131,20 @@ class Learner:
         self.param_dtype = torch.float32 if cfg.learner.fp32_master else self.dtype
         # before any weight lands on the GPU
         self.memory_cap = apply_memory_budget(cfg.memory, cfg.budget_gib, self.device)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=self.param_dtype, trust_remote_code=cfg.model.trust_remote_code
-        ).to(self.device)
+        self.lora = cfg.learner.lora if cfg.learner.lora.enabled else None
+        self.peft_model = None  # with LoRA: the peft wrapper (adapter checkpoints); `model` is the model inside it
+        if self.lora is not None:  # the frozen base wrapped by peft: the adapters are the only trainable parameters
+            from rlsys.lora import load_lora_policy
+
+            self.peft_model = load_lora_policy(model_path, self.lora, self.device, self.param_dtype,
+                                               cfg.model.trust_remote_code, cfg.model.gradient_checkpointing)
+            # the transformers model with peft's layers inside: its forward runs the adapters and takes the KV cache
+            # arguments prefix sharing needs (the wrapper's forward hides them)
+            self.model = self.peft_model.get_base_model()
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=self.param_dtype, trust_remote_code=cfg.model.trust_remote_code
+            ).to(self.device)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
@@ -432,7 +446,7 @@ class Learner:
 
         if not self._transports:
             raise RuntimeError("export_weights: no transport opened; call open_transports first")
-        named = list(self.model.named_parameters())
+        named = self._pushed()
         self._bucket_packer(self._bucket_bytes, named)
         if self._fused_pack is None:
             self._fused_pack = FusedPack(self._packer, named)  # packs the first push itself
@@ -474,8 +488,21 @@ class Learner:
             torch.cuda.ipc_collect()
 
     def num_parameters(self) -> int:
-        """How many tensors a push carries (tied weights once)."""
-        return sum(1 for _ in self.model.named_parameters())
+        """How many tensors a push carries (tied weights once; with LoRA, the adapters' A and B matrices)."""
+        return len(self._pushed())
+
+    def _pushed(self) -> list[tuple[str, torch.Tensor]]:
+        """What a push carries: every parameter by its HF name, or with LoRA only the adapters
+        (`<module>.lora_A` / `.lora_B`, rlsys/lora.py `adapter_tensors`)."""
+        if self.lora is not None:
+            from rlsys.lora import adapter_tensors
+
+            return adapter_tensors(self.model)
+        return list(self.model.named_parameters())
+
+    def trainable_names(self) -> list[str]:
+        """Names (as `named_weights` gives them) of the parameters the optimizer updates."""
+        return [n for n, p in self.model.named_parameters() if p.requires_grad]
 
     @torch.no_grad()
     def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
@@ -496,11 +523,12 @@ class Learner:
         return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()}
 
     def save_state(self, path: str | Path) -> None:
-        """Everything needed to continue exactly: HF weights + tokenizer (a loadable model folder) and
-        optimizer (8-bit states included), scheduler, step counter and RNG states."""
+        """Everything needed to continue exactly: HF weights + tokenizer (a loadable model folder; with LoRA the
+        adapter in peft's format, `rlsys export --merge` makes the model folder) and optimizer (8-bit states
+        included), scheduler, step counter and RNG states."""
         from transformers import AutoTokenizer
 
-        self.model.save_pretrained(path)
+        self.save_pretrained(path)
         AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
         state = {
             "optimizer": self.optimizer.state_dict(),
@@ -513,11 +541,15 @@ class Learner:
         torch.save(state, Path(path) / LEARNER_STATE)
 
     def load_state(self, path: str | Path) -> int:
-        """Restore what `save_state` wrote (the weights were loaded from the same folder at start-up).
-        Returns the optimizer step counter."""
+        """Restore what `save_state` wrote (the weights were loaded from the same folder at start-up; with LoRA the
+        base was, from `model.ckpt`, and the adapter is loaded here). Returns the optimizer step counter."""
         f = Path(path) / LEARNER_STATE
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {path}: {LEARNER_STATE} missing (not written by rlsys?)")
+        if self.lora is not None:
+            from rlsys.lora import load_adapter
+
+            load_adapter(self.peft_model, path, self.lora)
         state = torch.load(f, map_location=self.device, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -531,7 +563,8 @@ class Learner:
         return self.optimizer_steps
 
     def save_pretrained(self, path: str | Path) -> None:
-        self.model.save_pretrained(path)
+        """The model folder (with LoRA: the adapter in peft's format)."""
+        (self.peft_model or self.model).save_pretrained(path)
 
     def pid(self) -> int:
         return os.getpid()

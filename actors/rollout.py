@@ -42,6 +42,7 @@ class EngineSettings:
     ray_executor: bool = False  # Config.vllm_ray_executor: vLLM's workers as Ray actors in the placement group
     memory: Any = None  # the learner/engine split of rollout.gpu_memory_budget_gib (rlsys.memory.BudgetSplit)
     kv_engine_bytes: int | None = None  # with rollout.kv_cache_gib and no budget: what vLLM will hold
+    lora_scale: float | None = None  # learner.lora's alpha / rank when on: pushes are adapters the engine merges
 
 
 def resolve_engine_kind(kind: str) -> str:
@@ -169,6 +170,8 @@ class RolloutWorker:
         from rlsys.proxy.server import ProxyServer, create_app
 
         self.engine = build_engine(self.cfg, self.model_path, process_context)
+        if self.cfg.lora_scale is not None:
+            await self.engine.set_lora(self.cfg.lora_scale)
         self.clock = EngineClock(self.engine)
         # engine_build_s: the imports above and the engine's constructor
         self._startup = {"start_called_at": began, "engine_build_s": time.time() - began,

@@ -11,6 +11,8 @@ tensors on this worker's device (CUDA IPC: open each bucket's handle, cached acr
 its buffers, and slice views; object store: one H2D copy per bucket; collective: receive the broadcasts), which are
 copied into the model. The first push goes through the model's own `load_weights` and then checks a
 `DirectCopyPlan` against what it wrote; later pushes use the plan (one fused copy) while it stays valid.
+With LoRA (`rlsys_set_lora`) a push carries only adapters, merged in place into the weights they name (q/k/v into
+row blocks of qkv_proj, gate/up of gate_up_proj) from a kept copy of the base: rlsys/lora.py `LoraMerge`.
 Only parameters are loaded: buffers vLLM keeps (rotary caches) are untouched, and vLLM restores them itself
 after a level-2 sleep. The worker synchronises before answering, so the learner may refill its buffers.
 """
@@ -44,9 +46,16 @@ class WorkerExtension:
         if transport is None:
             raise RuntimeError("rlsys_load_weights: no transport set (rlsys_set_transport first)")
         named = list(transport.receive(pickle.loads(payload), self.device))
-        info = self._rlsys_load(named)
+        lora = getattr(self, "_rlsys_lora", None)
+        info = self._rlsys_load(named) if lora is None else self._rlsys_merge(lora, named)
         info.update(worker_ms=(time.perf_counter() - start) * 1e3, **transport.counters())
         return info
+
+    def rlsys_set_lora(self, scale: float) -> None:
+        """Pushes from now on are LoRA adapters, merged as W_base + ``scale`` B A (the base kept at the first)."""
+        from rlsys.lora import LoraMerge, VllmTargets
+
+        self._rlsys_lora = LoraMerge(scale, VllmTargets(self._rlsys_model()).resolve)
 
     def rlsys_device(self) -> dict:
         """Where this worker's weights live: {"gpu_uuid", "node_id"} (Ray's node id; None outside Ray)."""
@@ -93,6 +102,14 @@ class WorkerExtension:
             torch.cuda.synchronize(self.device)
         return {"count": count, "missing": missing, "path": path,
                 "plan_refused": getattr(self, "_rlsys_plan_refused", None)}
+
+
+    def _rlsys_merge(self, lora, named: list[tuple[str, torch.Tensor]]) -> dict:
+        count = lora.apply(named)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return {"count": count, "missing": [], "path": "lora_merge", "plan_refused": None,
+                "kept_base_mib": lora.kept_bytes() / 2**20}
 
 
 class _Counted:

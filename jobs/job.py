@@ -59,8 +59,10 @@ class Job:
         items, eval_items = checked or preflight(cfg)  # bad plug-ins and data: refused before any actor
         resume_from = ckpt.find_resume(cfg.checkpoint.resume, cfg.checkpoint_dir())
         trainer_state = ckpt.read_trainer_state(resume_from) if resume_from else None
-        # a resumed job starts learner and engine from the checkpoint's weights
-        model_path = str(resume_from) if resume_from else resolve_model(cfg.model.ckpt)
+        # a resumed job starts learner and engine from the checkpoint's weights; with LoRA from the base, and the
+        # learner loads the checkpoint's adapter (`Learner.load_state`), which the first push brings to the engines
+        lora = cfg.learner.lora.enabled
+        model_path = str(resume_from) if resume_from and not lora else resolve_model(cfg.model.ckpt)
         namespace = job_namespace(cfg.cluster.namespace, cfg.run_dir)
         marks = {**(marks or {}), "job_start": time.time()}  # when start-up milestones were reached (`startup/*`)
         import_meanwhile("jobs.placement")  # the actors' modules (torch, transformers) while Ray starts

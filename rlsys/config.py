@@ -218,6 +218,47 @@ class AlgoConfig(_Section):
         return low, high
 
 
+LORA_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(_Section):
+    enabled: bool = False
+    """Train low-rank adapters (peft's LoRA) on a frozen base instead of every weight: only the adapters get
+    gradients and optimizer states, a push carries only them, and the engine serves the base with the adapter
+    merged in, W = W_base + (alpha / rank) B A, from a kept copy of the targets' base weights (rlsys/lora.py).
+    Checkpoints hold the adapter in peft's format; `rlsys export --merge` writes a merged model folder."""
+    rank: int = Field(16, ge=1, le=1024)
+    """The adapters' rank r (A is r x in, B is out x r)."""
+    alpha: float = Field(32.0, gt=0.0)
+    """LoRA's alpha: the update is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input while training (the engine and the canary run without it)."""
+    target_modules: list[str] = list(LORA_ALL_LINEAR)
+    """Names of the linear layers that get an adapter (the last part of the module name, as in peft): by default
+    every projection of a Qwen2/Llama block. The engine keeps a copy of these layers' base weights (the memory
+    estimate counts it): `["q_proj", "v_proj"]` keeps ~1/8 of a 7B model's, all of them nearly the whole model."""
+    base_4bit: bool = False
+    """Load the learner's frozen base in 4-bit NF4 (bitsandbytes, needs CUDA; bf16 compute): about a quarter of the
+    base's memory. The engine still serves the bf16 base, so the learner's logprobs differ from the engine's by the
+    quantization error (measured by the canary and `train/logp_diff_mean`; raise `sync.canary_tol` to match)."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets_named(cls, targets: list[str]) -> list[str]:
+        if not targets:
+            raise ValueError("empty: name at least one linear layer, e.g. [\"q_proj\", \"v_proj\"]")
+        bad = [t for t in targets if not t or not t.replace("_", "").isalnum()]
+        if bad:
+            raise ValueError(f"{bad}: module names are identifiers (the last part of a name, like q_proj)")
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"a module is named twice: {targets}")
+        return targets
+
+    def scale(self) -> float:
+        """The adapters' update scale, alpha / rank."""
+        return self.alpha / self.rank
+
+
 class LearnerConfig(_Section):
     lr: float = Field(1e-5, gt=0.0)
     """Peak learning rate."""
@@ -244,6 +285,8 @@ class LearnerConfig(_Section):
     """GSPO/GRPO: run the prompt that the samples of a micro-batch share forward once and their answers on its KV
     cache (`rlsys/prefix.py`; same logprobs and gradients, ~6x fewer tokens on tic-tac-toe). Sequences whose
     prompt no other one has, SFT, and models under gradient checkpointing take the plain full-sequence forward."""
+    lora: LoraConfig = LoraConfig()
+    """Low-rank adapters on a frozen base (`learner.lora.enabled`); off by default."""
 
 
 class SyncConfig(_Section):
@@ -402,6 +445,16 @@ class Config(_Section):
                 f"rollout.max_new_tokens: {r.max_new_tokens} leaves no room for a prompt within "
                 f"rollout.max_model_len {r.max_model_len}"
             )
+        lora = self.learner.lora
+        if lora.enabled and r.drop_rollout_state:
+            raise ValueError("learner.lora: a push carries only the adapter, but rollout.drop_rollout_state (sleep "
+                             "level 2) drops the engine's base weights too; turn one of them off")
+        if lora.enabled and self.learner.fp32_master:
+            raise ValueError("learner.fp32_master: with learner.lora the frozen base never changes and the adapters "
+                             "train in float32 already (peft); turn fp32_master off")
+        if lora.base_4bit and not lora.enabled:
+            raise ValueError("learner.lora.base_4bit: quantizes the frozen base of a LoRA run; set "
+                             "learner.lora.enabled = true too")
         if self.checkpoint.resume not in ("never", "auto") and not self.checkpoint.resume:
             raise ValueError("checkpoint.resume: empty; use never, auto or a checkpoint path")
         return self

@@ -21,6 +21,12 @@ What is counted (bytes; P = parameters, d = bytes of the weights' dtype, T = tok
   frozen reference model's weights P*d (its no-grad forward runs before the policy's, so its logits are not on top
   of the policy's peak), with `algo.entropy_coef` one more float32 T*V gradient (the entropy's, summed into the
   logprobs');
+- with `learner.lora` (rank r, A = adapter parameters = L * sum over the targeted layers of r*(in + out)): the
+  learner's weights are the frozen base P*d (with `base_4bit`, the blocks' linear layers at NF4's ~0.52
+  bytes/param and the rest P*d), gradients, optimizer states and push buffers cover only the adapters, in float32
+  (peft's dtype for them); activations add, per token and layer, every targeted layer's input cast to float32 and
+  its r-wide float32 intermediate (peft's LoRA forward); the engine adds the kept base copy of the targeted layers
+  (rlsys/lora.py `LoraMerge`: their out*in parameters per layer, d bytes each);
 - engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, batch_size*n_samples) sequences (never less
   than one `max_model_len` sequence, which vLLM insists on), activations of one scheduler step, CUDA graphs
   (unless `enforce_eager`), and its CUDA context (outside `gpu_memory_utilization`).
@@ -96,6 +102,22 @@ class ModelShape:
         embed = self.vocab * h * (1 if self.tied else 2)
         return embed + self.layers * per_layer + h  # + the final norm
 
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of each linear layer of one decoder block, by its Hugging Face name."""
+        h, q_dim, kv, i = self.hidden, self.heads * self.head_dim, self.kv_dim, self.intermediate
+        return {"q_proj": (q_dim, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q_dim),
+                "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
+
+    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Adapter parameters of rank ``rank`` on the ``targets`` layers of every block."""
+        shapes = self.linear_shapes()
+        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets if t in shapes)
+
+    def target_params(self, targets: tuple[str, ...]) -> int:
+        """Weights of the ``targets`` layers of every block (what LoRA's engine-side merge keeps a copy of)."""
+        shapes = self.linear_shapes()
+        return self.layers * sum(shapes[t][0] * shapes[t][1] for t in targets if t in shapes)
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.layers * self.kv_dim * dtype_bytes  # K and V of every layer
 
@@ -127,6 +149,9 @@ class JobShape:
     enforce_eager: bool = False
     reference_model: bool = False  # algo.kl_coef: a frozen copy of the initial weights in the learner
     entropy_bonus: bool = False  # algo.entropy_coef: the entropy's logit gradient in backward
+    lora_rank: int = 0  # learner.lora.rank when learner.lora.enabled, else 0 (full fine-tuning)
+    lora_targets: tuple[str, ...] = ()  # learner.lora.target_modules
+    lora_base_4bit: bool = False  # learner.lora.base_4bit
 
     @classmethod
     def from_config(cls, cfg: Any, prompt_tokens: int | None = None) -> JobShape:
@@ -135,12 +160,16 @@ class JobShape:
         seq = r.max_model_len if prompt_tokens is None else min(r.max_model_len, prompt_tokens + r.max_new_tokens)
         d = 4 if cfg.model.dtype == "float32" else 2
         master = 4 if getattr(cfg.learner, "fp32_master", False) else d
+        lora = getattr(cfg.learner, "lora", None)
+        lora_on = bool(lora is not None and lora.enabled)
         return cls(dtype_bytes=d, param_bytes=master, adam_8bit=cfg.learner.adam_8bit,
                    gradient_checkpointing=cfg.model.gradient_checkpointing, mini_bs=cfg.learner.mini_bs, seq_len=seq,
                    max_model_len=r.max_model_len, engine_max_batch=r.engine_max_batch,
                    concurrency=r.batch_size * (1 if cfg.algo.name == "sft" else r.n_samples),
                    enforce_eager=r.enforce_eager, reference_model=bool(getattr(cfg.algo, "kl_coef", 0.0)),
-                   entropy_bonus=bool(getattr(cfg.algo, "entropy_coef", 0.0)))
+                   entropy_bonus=bool(getattr(cfg.algo, "entropy_coef", 0.0)),
+                   lora_rank=lora.rank if lora_on else 0, lora_targets=tuple(lora.target_modules) if lora_on else (),
+                   lora_base_4bit=bool(lora_on and lora.base_4bit))
 
 
 # ------------------------------------------------------------------ the estimate
@@ -183,6 +212,10 @@ class Estimate:
         p = self.model.num_params()
         j = self.job
         master = "" if (j.param_bytes or j.dtype_bytes) == j.dtype_bytes else f" ({j.param_bytes}-byte learner masters)"
+        if j.lora_rank:
+            master += (f", LoRA r={j.lora_rank} on {','.join(j.lora_targets)} "
+                       f"({self.model.lora_params(j.lora_rank, j.lora_targets) / 1e6:.1f}M adapter parameters"
+                       f"{', 4-bit base' if j.lora_base_4bit else ''})")
         lines = [f"memory estimate: {p / 1e9:.3f}B parameters, {j.dtype_bytes}-byte weights{master}, "
                  f"{'8-bit' if j.adam_8bit else 'torch'} AdamW, gradient checkpointing "
                  f"{'on' if j.gradient_checkpointing else 'off'}, micro-batch {j.mini_bs} x {j.seq_len} tokens, "
@@ -249,6 +282,8 @@ def estimate(model: ModelShape, job: JobShape, budget_gib: float | None = None) 
     logits = tokens * V * (12 if d == 4 else 3 * d + 8) + 2 * LOGPROB_CHUNK_BYTES
     if job.entropy_bonus:  # the entropy's float32 gradient of the logits, summed into the logprobs' in backward
         logits += tokens * V * 4
+    if job.lora_rank:
+        return _lora_estimate(model, job, activations, logits, budget_gib)
     learner = {
         "weights": p * w,
         "gradients": p * w,
@@ -260,16 +295,58 @@ def estimate(model: ModelShape, job: JobShape, budget_gib: float | None = None) 
         "fragmentation": int(FRAGMENTATION * (activations + logits) + 0.25 * GIB),
         "CUDA context": CONTEXT_BYTES,
     }
+    engine = _engine_parts(model, job)
+    budget = None if budget_gib is None else int(budget_gib * GIB)
+    return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget)
+
+
+NF4_BYTES_PER_PARAM = 0.5 + 4 / 64 / 4 + 4 / 256 / 64  # 4 bits + double-quantized absmax (8-bit per 64, fp32 per 256)
+
+
+def _engine_parts(model: ModelShape, job: JobShape) -> dict[str, int]:
+    """The vLLM engine's share: weights, KV cache, one step's activations, CUDA graphs, context."""
+    d, h, i, V = job.dtype_bytes, model.hidden, model.intermediate, model.vocab
     in_flight = min(job.engine_max_batch, job.concurrency)
     kv_tokens = max(job.max_model_len, in_flight * job.seq_len)
     step_tokens = max(ENGINE_STEP_TOKENS, job.max_model_len)
-    engine = {
-        "weights": p * d,
+    return {
+        "weights": model.num_params() * d,
         "KV cache": kv_tokens * model.kv_bytes_per_token(d),
         "activations": step_tokens * d * (4 * h + 3 * i) + job.engine_max_batch * V * 4 * 2,
         "CUDA graphs": 0 if job.enforce_eager else CUDA_GRAPH_BYTES,
         "CUDA context": CONTEXT_BYTES,
     }
+
+
+def _lora_estimate(model: ModelShape, job: JobShape, activations: int, logits: int,
+                   budget_gib: float | None) -> Estimate:
+    """`estimate` with `learner.lora`: a frozen base (optionally 4-bit), float32 adapters, the engine's kept copy."""
+    p, d = model.num_params(), job.dtype_bytes
+    adapters = model.lora_params(job.lora_rank, job.lora_targets)
+    shapes = model.linear_shapes()
+    targets = [t for t in job.lora_targets if t in shapes]
+    tokens = job.mini_bs * job.seq_len
+    # peft casts each targeted layer's input to the adapters' float32 and keeps it and the r-wide product for backward
+    activations += tokens * model.layers * sum(4 * (shapes[t][1] + job.lora_rank) for t in targets)
+    if job.lora_base_4bit:
+        blocks = model.target_params(tuple(shapes))  # bitsandbytes quantizes every linear layer of the blocks
+        base = int(blocks * NF4_BYTES_PER_PARAM) + (p - blocks) * d
+    else:
+        base = p * d
+    learner = {
+        "frozen base weights": base,
+        "adapters": adapters * 4,
+        "adapter gradients": adapters * 4,
+        "optimizer states": adapters * 2 if job.adam_8bit else 2 * adapters * 4,
+        "weight-push buffers": adapters * 4,  # only the adapters travel, in their float32
+        **({"reference model": p * d} if job.reference_model else {}),
+        "activations": activations,
+        "logits": logits,
+        "fragmentation": int(FRAGMENTATION * (activations + logits) + 0.25 * GIB),
+        "CUDA context": CONTEXT_BYTES,
+    }
+    engine = _engine_parts(model, job)
+    engine["kept LoRA base copy"] = model.target_params(tuple(targets)) * d  # rlsys/lora.py LoraMerge
     budget = None if budget_gib is None else int(budget_gib * GIB)
     return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget)
 

@@ -118,6 +118,11 @@ class Engine(ABC):
         payload (e.g. CUDA IPC handles) to that process instead of materialising tensors here."""
         return await asyncio.to_thread(self.load_weights, transport.receive(payload))
 
+    async def set_lora(self, scale: float) -> None:
+        """Serve the base plus a LoRA adapter from now on: pushes carry only `<module>.lora_A` / `.lora_B`
+        tensors, merged into the weights as W_base + ``scale`` B A (rlsys/lora.py `LoraMerge`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot serve LoRA adapters")
+
     async def sleep(self, level: int = 1) -> None:
         """Free memory between rollouts: level 1 keeps weights (offloaded), level 2 drops them."""
 

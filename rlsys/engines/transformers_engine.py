@@ -202,6 +202,7 @@ class TransformersEngine(Engine):
             raise ValueError(f"fast_decode=True but the model cannot use it: {reason}")
         self.fast_decode = reason is None and (fast_decode or (fast_decode is None and self.device.type == "cpu"))
         self._fast_decoder = None  # built on the first batch, dropped by load_weights (it holds fused copies)
+        self._lora = None  # a rlsys.lora.LoraMerge after `set_lora`: pushes are adapters merged into the weights
 
         # ---- state
         self._seed_generator = torch.Generator().manual_seed(seed)  # seeds for seed=None requests
@@ -252,6 +253,11 @@ class TransformersEngine(Engine):
         """
         if self._closed:
             raise RuntimeError("engine is shut down")
+        if self._lora is not None:
+            with self._model_lock:
+                count = self._lora.apply(named_tensors)
+                self._fast_decoder = None
+            return count
         count = 0
         with self._model_lock, torch.no_grad():
             for name, tensor in named_tensors:
@@ -269,6 +275,18 @@ class TransformersEngine(Engine):
             if self._weights_dropped and self._param_ids <= self._loaded_since_drop:
                 self._weights_dropped = False
         return count
+
+    async def set_lora(self, scale: float) -> None:
+        """From now on `load_weights` takes LoRA adapters and merges them into the HF weights they name."""
+        from rlsys.lora import LoraMerge  # noqa: PLC0415
+
+        def resolve(module: str) -> tuple[torch.Tensor, torch.Tensor]:
+            target = self._targets.get(f"{module}.weight")
+            if target is None:
+                raise KeyError(f"LoRA push: the model has no weight {module}.weight")
+            return target.data, target
+
+        self._lora = LoraMerge(scale, resolve)
 
     async def sleep(self, level: int = 1) -> None:
         """Level 1: nothing to free on CPU, only recorded. Level 2: weights count as dropped."""

@@ -477,6 +477,12 @@ class VLLMEngine(Engine):
             self._weights_dropped = False
         return counts[0]
 
+    async def set_lora(self, scale: float) -> None:
+        """Pushes from now on carry LoRA adapters, which the workers merge into their weights in place
+        (actors/vllm_ext.py `rlsys_set_lora`)."""
+        self._check_open()
+        await self.llm.collective_rpc("rlsys_set_lora", args=(float(scale),))
+
     async def worker_devices(self) -> list[dict[str, Any]]:
         """Where each vLLM worker's weights live, in worker order: {"gpu_uuid", "node_id"} (the driver matches
         them with the learner ranks' to choose the weight transport)."""

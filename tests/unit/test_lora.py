@@ -1,0 +1,229 @@
+"""LoRA (rlsys/lora.py, `learner.lora`): config checks, the engine-side merge (transformers and vLLM layouts), the
+learner's trainable set and push, adapter checkpoints, `rlsys export --merge`, the memory estimate."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlsys.config import ConfigError, load_config
+from rlsys.lora import LoraMerge, VllmTargets, split_adapter_name
+
+LORA = ["learner.lora.enabled=true", "learner.lora.rank=4", "learner.lora.alpha=8"]
+
+
+# --------------------------------------------------------------------------------------------- config
+def test_lora_is_off_by_default_and_its_scale_is_alpha_over_rank():
+    cfg = load_config()
+    assert cfg.learner.lora.enabled is False
+    cfg = load_config(overrides=LORA)
+    assert cfg.learner.lora.scale() == 2.0
+
+
+@pytest.mark.parametrize("override, message", [
+    ("learner.lora.target_modules=[]", "learner.lora.target_modules: empty"),
+    ('learner.lora.target_modules=["q_proj", "q_proj"]', "named twice"),
+    ('learner.lora.target_modules=["model.q proj"]', "identifiers"),
+    ("learner.lora.rank=0", "learner.lora.rank"),
+    ("learner.lora.dropout=1.0", "learner.lora.dropout"),
+    ("rollout.drop_rollout_state=true", "drops the engine's base weights"),
+    ("learner.fp32_master=true", "learner.fp32_master"),
+])
+def test_bad_lora_settings_are_refused_with_the_field_named(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_config(overrides=[*LORA, override])
+
+
+def test_base_4bit_needs_lora_on():
+    with pytest.raises(ConfigError, match="learner.lora.base_4bit"):
+        load_config(overrides=["learner.lora.base_4bit=true"])
+
+
+# ------------------------------------------------------------------------------------ engine-side merge
+def test_adapter_names_split_into_module_and_part_and_other_names_are_refused():
+    assert split_adapter_name("model.layers.0.mlp.up_proj.lora_B") == ("model.layers.0.mlp.up_proj", "lora_B")
+    with pytest.raises(ValueError, match="not an adapter tensor"):
+        split_adapter_name("model.layers.0.mlp.up_proj.weight")
+
+
+def _dict_resolver(weights: dict[str, torch.Tensor]):
+    return lambda module: (weights[f"{module}.weight"], weights[f"{module}.weight"])
+
+
+def test_merge_writes_base_plus_scaled_product_and_recomputes_from_the_kept_base():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 5, generator=g)
+    base = w.clone()
+    merge = LoraMerge(0.5, _dict_resolver({"l.weight": w}))
+    a1, b1 = torch.randn(2, 5, generator=g), torch.randn(6, 2, generator=g)
+    assert merge.apply([("l.lora_A", a1), ("l.lora_B", b1)]) == 2
+    torch.testing.assert_close(w, base + 0.5 * b1 @ a1)
+    a2, b2 = torch.randn(2, 5, generator=g), torch.randn(6, 2, generator=g)
+    merge.apply([("l.lora_B", b2), ("l.lora_A", a2)])
+    torch.testing.assert_close(w, base + 0.5 * b2 @ a2)  # from the base, not on top of the first merge
+    merge.apply([("l.lora_A", a2), ("l.lora_B", torch.zeros(6, 2))])
+    assert torch.equal(w, base), "a zero adapter must give the base back exactly"
+    assert merge.kept_bytes() == base.numel() * 4
+
+
+def test_merge_refuses_a_half_adapter_a_wrong_shape_and_an_unknown_layer():
+    merge = LoraMerge(1.0, _dict_resolver({"l.weight": torch.zeros(4, 3)}))
+    with pytest.raises(ValueError, match="lora_A and lora_B travel together"):
+        merge.apply([("l.lora_A", torch.zeros(2, 3))])
+    with pytest.raises(ValueError, match="do not make the engine's"):
+        merge.apply([("l.lora_A", torch.zeros(2, 3)), ("l.lora_B", torch.zeros(5, 2))])
+    with pytest.raises(KeyError):
+        merge.apply([("m.lora_A", torch.zeros(2, 3)), ("m.lora_B", torch.zeros(4, 2))])
+
+
+class _Fused(torch.nn.Module):
+    def __init__(self, sizes: list[int], cols: int) -> None:
+        super().__init__()
+        self.output_sizes = sizes  # as vLLM's QKVParallelLinear / MergedColumnParallelLinear list them
+        self.weight = torch.nn.Parameter(torch.randn(sum(sizes), cols), requires_grad=False)
+
+
+class _VllmLike(torch.nn.Module):
+    """The parameter layout of a one-block vLLM Qwen2: q/k/v fused into qkv_proj, gate/up into gate_up_proj."""
+
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = torch.nn.Module()
+        self.attn.qkv_proj = _Fused([8, 2, 2], 8)
+        self.attn.o_proj = torch.nn.Linear(8, 8, bias=False).requires_grad_(False)
+        self.mlp = torch.nn.Module()
+        self.mlp.gate_up_proj = _Fused([6, 6], 8)
+
+
+def test_vllm_merge_puts_each_shard_delta_into_its_rows_of_the_fused_weight():
+    torch.manual_seed(0)
+    model = _VllmLike()
+    qkv0, gate_up0, o0 = (model.attn.qkv_proj.weight.clone(), model.mlp.gate_up_proj.weight.clone(),
+                          model.attn.o_proj.weight.clone())
+    merge = LoraMerge(2.0, VllmTargets(model).resolve)
+    a_v, b_v = torch.randn(3, 8), torch.randn(2, 3)
+    a_up, b_up = torch.randn(3, 8), torch.randn(6, 3)
+    a_o, b_o = torch.randn(3, 8), torch.randn(8, 3)
+    merge.apply([("attn.v_proj.lora_A", a_v), ("attn.v_proj.lora_B", b_v), ("mlp.up_proj.lora_A", a_up),
+                 ("mlp.up_proj.lora_B", b_up), ("attn.o_proj.lora_A", a_o), ("attn.o_proj.lora_B", b_o)])
+    qkv, gate_up = model.attn.qkv_proj.weight, model.mlp.gate_up_proj.weight
+    assert torch.equal(qkv[:10], qkv0[:10]), "q and k rows must stay the base's"
+    torch.testing.assert_close(qkv[10:12], qkv0[10:12] + 2.0 * b_v @ a_v)
+    assert torch.equal(gate_up[:6], gate_up0[:6])
+    torch.testing.assert_close(gate_up[6:], gate_up0[6:] + 2.0 * b_up @ a_up)
+    torch.testing.assert_close(model.attn.o_proj.weight, o0 + 2.0 * b_o @ a_o)
+
+
+def test_vllm_merge_refuses_a_fused_layer_whose_shards_do_not_fill_it():
+    model = _VllmLike()
+    model.attn.qkv_proj.output_sizes = [4, 1, 1]  # a tensor-parallel shard: half the rows
+    with pytest.raises(NotImplementedError, match="tensor parallel"):
+        LoraMerge(1.0, VllmTargets(model).resolve).apply(
+            [("attn.q_proj.lora_A", torch.zeros(2, 8)), ("attn.q_proj.lora_B", torch.zeros(8, 2))])
+
+
+# ------------------------------------------------------------------------------------ learner side
+@pytest.fixture(scope="module")
+def lora_learner(tmp_path_factory):
+    from rlsys.models.tiny import ensure_tiny_model
+    from tests.conftest import job_config, make_learner
+
+    path = str(ensure_tiny_model())
+    cfg = job_config(tmp_path_factory.mktemp("lora"), *LORA)
+    return cfg, path, make_learner(cfg, path)
+
+
+def test_learner_optimizes_and_pushes_only_the_adapters(lora_learner):
+    cfg, _, learner = lora_learner
+    trainable = learner.trainable_names()
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    optimized = [p for group in learner.optimizer.param_groups for p in group["params"]]
+    assert len(optimized) == len(trainable) == learner.num_parameters()
+    pushed = [n for n, _ in learner._pushed()]
+    layers = learner.model.config.num_hidden_layers
+    assert len(pushed) == 2 * layers * len(cfg.learner.lora.target_modules)
+    assert pushed[0] == "model.layers.0.self_attn.q_proj.lora_A"
+    assert all(not p.requires_grad for n, p in learner.model.named_parameters() if n not in trainable)
+
+
+def test_adapter_checkpoint_round_trips_and_a_different_rank_is_refused(lora_learner, tmp_path):
+    from rlsys.checkpoint import CheckpointError
+    from tests.conftest import job_config, make_learner
+
+    cfg, path, learner = lora_learner
+    with torch.no_grad():
+        for p in learner.params:
+            p.add_(0.01)
+    learner.save_state(tmp_path)
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert saved["r"] == 4 and (tmp_path / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "model.safetensors").exists(), "a LoRA checkpoint holds the adapter, not the base"
+
+    other = make_learner(cfg, path)
+    other.load_state(tmp_path)
+    mine = dict(learner._pushed())
+    for name, tensor in other._pushed():
+        assert torch.equal(tensor, mine[name]), f"{name} not restored"
+
+    wrong = make_learner(job_config(tmp_path / "r8", "learner.lora.enabled=true", "learner.lora.rank=8"), path)
+    with pytest.raises(CheckpointError, match="learner.lora asks for"):
+        wrong.load_state(tmp_path)
+
+
+def test_export_merge_writes_a_model_with_the_adapted_logits(lora_learner, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rlsys.errors import UserInputError
+    from rlsys.lora import export_merged, main
+
+    _, path, learner = lora_learner
+    with torch.no_grad():
+        for p in learner.params:
+            p.normal_(0, 0.05)
+    learner.save_state(tmp_path / "ckpt")
+    assert main(["--merge", str(tmp_path / "ckpt"), str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    ids = torch.tensor([[5, 9, 17, 33, 2, 71]])
+    learner.model.eval()
+    with torch.no_grad():
+        want = learner.model(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(path)(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+    assert (want - base).abs().max() > 1e-3, "the adapter must change the logits for this check to mean anything"
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert (tmp_path / "merged" / "tokenizer_config.json").is_file()
+    with pytest.raises(UserInputError, match="not a LoRA checkpoint"):
+        export_merged(tmp_path / "merged", tmp_path / "again")
+
+
+# ------------------------------------------------------------------------------------ memory estimate
+def test_lora_estimate_keeps_optimizer_state_for_the_adapters_only_and_counts_the_engine_copy():
+    from rlsys.memory import JobShape, ModelShape, estimate
+
+    shape = ModelShape(hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128, intermediate=18944,
+                       vocab=152064, tied=False)  # Qwen2.5-7B
+    qv = ("q_proj", "v_proj")
+    adapters = shape.lora_params(16, qv)
+    assert adapters == 28 * 16 * ((3584 + 3584) + (512 + 3584))
+    full = estimate(shape, JobShape(adam_8bit=False))
+    lora = estimate(shape, JobShape(adam_8bit=False, lora_rank=16, lora_targets=qv))
+    assert lora.learner["optimizer states"] == 8 * adapters  # two float32 states per adapter parameter
+    assert lora.learner["adapter gradients"] == 4 * adapters
+    assert lora.learner["frozen base weights"] == full.learner["weights"]
+    assert lora.learner_bytes < full.learner_bytes - full.learner["optimizer states"]
+    assert lora.engine["kept LoRA base copy"] == 2 * 28 * (3584 * 3584 + 512 * 3584)
+    four = estimate(shape, JobShape(adam_8bit=False, lora_rank=16, lora_targets=qv, lora_base_4bit=True))
+    assert four.learner["frozen base weights"] < 0.4 * lora.learner["frozen base weights"]
+    assert "LoRA r=16" in lora.table()
+
+
+def test_estimate_from_a_lora_config_uses_its_rank_and_targets():
+    from rlsys.memory import JobShape
+
+    cfg = load_config(overrides=[*LORA, 'learner.lora.target_modules=["q_proj"]'])
+    shape = JobShape.from_config(cfg)
+    assert (shape.lora_rank, shape.lora_targets, shape.lora_base_4bit) == (4, ("q_proj",), False)
+    assert JobShape.from_config(load_config()).lora_rank == 0
