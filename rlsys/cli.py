@@ -93,6 +93,15 @@ def _run_recipe(argv: list[str]) -> int:
 PASSTHROUGH["recipe"] = _run_recipe
 
 
+def _run_export(argv: list[str]) -> int:
+    from rlsys import lora
+
+    return lora.main(argv) or 0
+
+
+PASSTHROUGH["export"] = _run_export
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlsys", description="Agentic RL post-training: rollouts through an OpenAI-compatible proxy, GSPO learner."
@@ -115,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="what this machine has (Python, torch, CUDA, vLLM, Ray) and what a job would use")
     sub.add_parser("report", help="summary and PNG plots of a run directory")
     sub.add_parser("tune", help="GPU memory estimate of a config, and settings that fit a --gpu-memory-budget-gib")
+    sub.add_parser("export", help="write a LoRA checkpoint as a merged model folder: `rlsys export --merge CKPT OUT`")
     sub.add_parser("recipe", help="run stage configs in sequence (SFT, then GSPO) and summarise; see `rlsys recipe --help`")
     return parser
 
