@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = export_merged(args.checkpoint, args.out, args.base)
     except UserInputError as err:
-        print(f"rlsys: {err}")
+        print(f"rlsys: {err}", file=sys.stderr)
         return 2
     print(f"rlsys: merged model written to {path}")
     return 0
