@@ -206,7 +206,8 @@ class Estimate:
         if slack < 0:
             raise MemoryBudgetError(self.refusal())
         learner = self.learner_bytes + int(LEARNER_SLACK_SHARE * slack)
-        return BudgetSplit(learner_bytes=learner, engine_bytes=self.budget_bytes - learner)
+        return BudgetSplit(learner_bytes=learner, engine_bytes=self.budget_bytes - learner,
+                           engine_outside_bytes=self.engine.get(LORA_KEPT, 0))
 
     def table(self) -> str:
         p = self.model.num_params()
@@ -245,6 +246,9 @@ class Estimate:
 class BudgetSplit:
     learner_bytes: int  # the learner process: torch's cap + its CUDA context
     engine_bytes: int  # the vLLM engine process: gpu_memory_utilization * device + its CUDA context
+    # of engine_bytes, what the engine process allocates beside vLLM's own pool (LoRA's kept base copy), which vLLM's
+    # gpu_memory_utilization must leave free
+    engine_outside_bytes: int = 0
 
     def learner_fraction(self, device_bytes: int) -> float:
         """For torch.cuda.set_per_process_memory_fraction (the cap covers torch's allocator, not the context)."""
@@ -252,7 +256,7 @@ class BudgetSplit:
 
     def engine_fraction(self, device_bytes: int) -> float:
         """vLLM's gpu_memory_utilization (vLLM counts from after its CUDA context exists)."""
-        return _fraction(self.engine_bytes - CONTEXT_BYTES, device_bytes, "vLLM")
+        return _fraction(self.engine_bytes - CONTEXT_BYTES - self.engine_outside_bytes, device_bytes, "vLLM")
 
 
 def _fraction(nbytes: int, device_bytes: int, who: str) -> float:
@@ -300,6 +304,7 @@ def estimate(model: ModelShape, job: JobShape, budget_gib: float | None = None) 
     return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget)
 
 
+LORA_KEPT = "kept LoRA base copy"  # the engine part allocated beside vLLM's pool (BudgetSplit.engine_outside_bytes)
 NF4_BYTES_PER_PARAM = 0.5 + 4 / 64 / 4 + 4 / 256 / 64  # 4 bits + double-quantized absmax (8-bit per 64, fp32 per 256)
 
 
@@ -346,7 +351,7 @@ def _lora_estimate(model: ModelShape, job: JobShape, activations: int, logits: i
         "CUDA context": CONTEXT_BYTES,
     }
     engine = _engine_parts(model, job)
-    engine["kept LoRA base copy"] = model.target_params(tuple(targets)) * d  # rlsys/lora.py LoraMerge
+    engine[LORA_KEPT] = model.target_params(tuple(targets)) * d  # rlsys/lora.py LoraMerge
     budget = None if budget_gib is None else int(budget_gib * GIB)
     return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget)
 
@@ -432,6 +437,7 @@ def fixed_kv_engine_bytes(cfg: Any, model_path: str | os.PathLike) -> int:
     engine = dict(job_estimate(cfg, model_path).engine)
     engine["KV cache"] = int(cfg.rollout.kv_cache_gib * GIB)
     engine.pop("CUDA context", None)
+    engine.pop(LORA_KEPT, None)  # beside vLLM's pool, not in its gpu_memory_utilization
     return sum(engine.values())
 
 

@@ -227,3 +227,18 @@ def test_estimate_from_a_lora_config_uses_its_rank_and_targets():
     shape = JobShape.from_config(cfg)
     assert (shape.lora_rank, shape.lora_targets, shape.lora_base_4bit) == (4, ("q_proj",), False)
     assert JobShape.from_config(load_config()).lora_rank == 0
+
+
+def test_budget_split_leaves_the_kept_copy_outside_vllms_share():
+    from rlsys.memory import CONTEXT_BYTES, GIB, JobShape, ModelShape, estimate
+
+    shape = ModelShape(hidden=896, layers=24, heads=14, kv_heads=2, head_dim=64, intermediate=4864, vocab=151936)
+    job = JobShape(mini_bs=1, seq_len=512, max_model_len=1024, lora_rank=16, lora_targets=("q_proj", "v_proj"))
+    est = estimate(shape, job, budget_gib=20)
+    split = est.split()
+    kept = est.engine["kept LoRA base copy"]
+    assert kept > 0 and split.engine_outside_bytes == kept
+    device = 141 * GIB
+    full = estimate(shape, JobShape(mini_bs=1, seq_len=512, max_model_len=1024), budget_gib=20).split()
+    assert split.engine_fraction(device) * device == pytest.approx(split.engine_bytes - CONTEXT_BYTES - kept)
+    assert full.engine_outside_bytes == 0
