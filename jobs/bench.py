@@ -55,7 +55,13 @@ QWEN05B_SIZES = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_hea
                  "max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
 QWEN15B_SIZES = {**QWEN05B_SIZES, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
                  "intermediate_size": 8960}
-RANDOM_MODELS = {"qwen0.5b-random": QWEN05B_SIZES, "qwen1.5b-random": QWEN15B_SIZES}
+# Qwen2.5-7B's and -14B's shapes (untied embeddings): the LoRA memory goals of issue 27 (24 / 48 GiB budgets)
+QWEN7B_SIZES = {**QWEN05B_SIZES, "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+                "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}
+QWEN14B_SIZES = {**QWEN7B_SIZES, "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40,
+                 "num_key_value_heads": 8, "intermediate_size": 13824}
+RANDOM_MODELS = {"qwen0.5b-random": QWEN05B_SIZES, "qwen1.5b-random": QWEN15B_SIZES, "qwen7b-random": QWEN7B_SIZES,
+                 "qwen14b-random": QWEN14B_SIZES}
 GPU_TINY_SIZES = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2}  # head_dim 64 (tests/gpu/conftest.py)
 GIB = 1 << 30
 
