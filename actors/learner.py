@@ -466,7 +466,8 @@ class Learner:
 
     def _bucket_packer(self, bucket_bytes: int, named: list[tuple[str, torch.Tensor]]) -> BucketPacker:
         if self._packer is None:
-            cast = self.dtype if self.param_dtype != self.dtype else None  # fp32 master -> the engine's dtype
+            # fp32 masters, and LoRA's float32 adapters -> the engine's dtype: the merge then casts nothing per layer
+            cast = self.dtype if self.param_dtype != self.dtype or self.lora is not None else None
             self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device, dtype=cast)
         return self._packer
 

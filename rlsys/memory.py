@@ -23,8 +23,8 @@ What is counted (bytes; P = parameters, d = bytes of the weights' dtype, T = tok
   logprobs');
 - with `learner.lora` (rank r, A = adapter parameters = L * sum over the targeted layers of r*(in + out)): the
   learner's weights are the frozen base P*d (with `base_4bit`, the blocks' linear layers at NF4's ~0.52
-  bytes/param and the rest P*d), gradients, optimizer states and push buffers cover only the adapters, in float32
-  (peft's dtype for them); activations add, per token and layer, every targeted layer's input cast to float32 and
+  bytes/param and the rest P*d), gradients and optimizer states cover only the adapters, in float32 (peft's dtype
+  for them), the push buffers only the adapters in d; activations add, per token and layer, every targeted layer's input cast to float32 and
   its r-wide float32 intermediate (peft's LoRA forward); the engine adds the kept base copy of the targeted layers
   (rlsys/lora.py `LoraMerge`: their out*in parameters per layer, d bytes each);
 - engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, batch_size*n_samples) sequences (never less
@@ -343,7 +343,7 @@ def _lora_estimate(model: ModelShape, job: JobShape, activations: int, logits: i
         "adapters": adapters * 4,
         "adapter gradients": adapters * 4,
         "optimizer states": adapters * 2 if job.adam_8bit else 2 * adapters * 4,
-        "weight-push buffers": adapters * 4,  # only the adapters travel, in their float32
+        "weight-push buffers": adapters * d,  # only the adapters travel, cast to the engine's dtype
         **({"reference model": p * d} if job.reference_model else {}),
         "activations": activations,
         "logits": logits,
