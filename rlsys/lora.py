@@ -148,6 +148,7 @@ class LoraMerge:
         self.scale = float(scale)
         self._resolve = resolve
         self._targets: dict[str, list] = {}  # module -> [dst view, owner parameter, owner's data_ptr, base copy]
+        self._plan: tuple[tuple[str, ...], list[tuple[int, int, str]]] | None = None  # the last push's names, pairs
 
     def kept_bytes(self) -> int:
         """Memory of the kept base copies."""
@@ -156,26 +157,36 @@ class LoraMerge:
     @torch.no_grad()
     def apply(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Merge every (A, B) pair of ``named`` into its layer; returns the number of adapter tensors consumed."""
-        halves: dict[str, dict[str, torch.Tensor]] = {}
-        count = 0
-        for name, tensor in named:
-            module, part = split_adapter_name(name)
-            halves.setdefault(module, {})[part] = tensor
-            count += 1
-        for module, parts in halves.items():
-            if len(parts) != 2:
-                raise ValueError(f"LoRA push: {module} came with {sorted(parts)} only; lora_A and lora_B travel together")
-            a, b = parts["lora_A"], parts["lora_B"]  # (r, in), (out, r)
+        named = list(named)
+        names = tuple(n for n, _ in named)
+        plan = self._plan if self._plan is not None and self._plan[0] == names else None
+        if plan is None:  # pushes repeat the same names in the same order: parse them once
+            plan = self._plan = (names, self._pairs(names))
+        for i_a, i_b, module in plan[1]:
+            a, b = named[i_a][1], named[i_b][1]  # (r, in), (out, r)
             dst, base = self._target(module)
-            if a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != tuple(dst.shape):
+            if a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != dst.shape:
                 raise ValueError(f"LoRA push: {module}: B {tuple(b.shape)} A {tuple(a.shape)} do not make the "
                                  f"engine's {tuple(dst.shape)} weight")
-            a, b = a.to(dst.device, dst.dtype), b.to(dst.device, dst.dtype)
+            if a.dtype != dst.dtype or a.device != dst.device:  # the learner sends the engine's dtype: no cast
+                a, b = a.to(dst.device, dst.dtype), b.to(dst.device, dst.dtype)
             if dst.is_contiguous():
                 torch.addmm(base, b, a, alpha=self.scale, out=dst)  # one kernel: base + scale * (B @ A)
             else:
                 dst.copy_(torch.addmm(base, b, a, alpha=self.scale))
-        return count
+        return len(named)
+
+    @staticmethod
+    def _pairs(names: tuple[str, ...]) -> list[tuple[int, int, str]]:
+        """(index of A, index of B, module) of every layer in a push's names; refuses a half pair."""
+        halves: dict[str, dict[str, int]] = {}
+        for i, name in enumerate(names):
+            module, part = split_adapter_name(name)
+            halves.setdefault(module, {})[part] = i
+        for module, parts in halves.items():
+            if len(parts) != 2:
+                raise ValueError(f"LoRA push: {module} came with {sorted(parts)} only; lora_A and lora_B travel together")
+        return [(parts["lora_A"], parts["lora_B"], module) for module, parts in halves.items()]
 
     def _target(self, module: str) -> tuple[torch.Tensor, torch.Tensor]:
         entry = self._targets.get(module)

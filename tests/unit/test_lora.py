@@ -242,3 +242,33 @@ def test_budget_split_leaves_the_kept_copy_outside_vllms_share():
     full = estimate(shape, JobShape(mini_bs=1, seq_len=512, max_model_len=1024), budget_gib=20).split()
     assert split.engine_fraction(device) * device == pytest.approx(split.engine_bytes - CONTEXT_BYTES - kept)
     assert full.engine_outside_bytes == 0
+
+
+def test_lora_learner_shares_prefixes_with_the_plain_forwards_logprobs_and_adapter_gradients(lora_learner):
+    from rlsys.prefix import find_prefix_groups, plain_token_logprobs, shared_token_logprobs
+    from tests.unit.test_prefix_sharing import _batch, _segments
+
+    _, _, learner = lora_learner
+    assert learner.prefix_sharing, "prefix sharing was turned off for the LoRA model"
+    model = learner.model
+    with torch.no_grad():
+        for p in learner.params:
+            p.normal_(0, 0.05)  # B != 0: the adapters take part in the forward
+    rows = _segments()
+    ids, attn, mask = _batch(rows)
+    groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
+
+    def grads(fn):
+        model.zero_grad(set_to_none=True)
+        lp = fn(model, ids, attn)
+        (lp * mask).sum().backward()
+        return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    lp_plain, g_plain = grads(lambda m, i, a: plain_token_logprobs(m, i, a))
+    lp_shared, g_shared = grads(lambda m, i, a: shared_token_logprobs(m, i, a, groups))
+    model.zero_grad(set_to_none=True)
+    sampled = mask.bool()
+    torch.testing.assert_close(lp_shared[sampled], lp_plain[sampled], atol=1e-5, rtol=0)
+    assert set(g_plain) == set(learner.trainable_names()) == set(g_shared)
+    for name, g in g_plain.items():
+        torch.testing.assert_close(g_shared[name], g, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
