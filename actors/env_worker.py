@@ -1,4 +1,4 @@
-"""Env worker: runs the user's agent against a rollout proxy and scores it with the user's reward.
+"""Env worker: runs the environment's agent against a rollout proxy and scores it with its reward.
 
 An async actor (many episodes at once, `max_concurrency`), CPU only, restarted by Ray if its process dies.
 Each episode gets a session id; the proxy records the episode's turns under it, and the worker pops them
@@ -32,7 +32,7 @@ import secrets
 import traceback
 from typing import Any
 
-from rlsys.plugins import load_agent, load_reward
+from rlsys.envs.base import DEFAULT_ENV, resolve_environment
 from rlsys.proxy.sessions import ATTEMPT_HEADER, SESSION_HEADER
 from rlsys.types import Trajectory, TrajectorySummary
 
@@ -41,9 +41,12 @@ RETRY_BACKOFF_S = (0.05, 0.25)
 
 
 class EnvWorker:
-    def __init__(self, agent_spec: str, reward_spec: str, *, agent_timeout_s: float, reward_timeout_s: float) -> None:
-        self.agent = load_agent(agent_spec)
-        self.reward, self.outcome = load_reward(reward_spec)
+    def __init__(self, agent_spec: str | None = None, reward_spec: str | None = None, *, env_name: str = DEFAULT_ENV,
+                 agent_timeout_s: float, reward_timeout_s: float) -> None:
+        # the environment by name (a worker resolves it itself: a user's file cannot travel pickled by reference),
+        # with the old agent/reward plug-ins laid over it (rlsys/envs/base.py)
+        env = resolve_environment(env_name, agent_spec, reward_spec)
+        self.agent, self.reward, self.outcome = env.agent, env.reward, env.outcome
         self.agent_timeout_s = agent_timeout_s
         self.reward_timeout_s = reward_timeout_s
         self._clients: dict[tuple[str, str], Any] = {}

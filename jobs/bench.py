@@ -506,7 +506,7 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
         engine_start_s = time.perf_counter() - t0
         proxy = {**info, "actor": rollout}
         r = cfg.rollout
-        items = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)[: r.batch_size]
+        items = load_items(cfg.data, cfg.algo.name, cfg.env.environment())[: r.batch_size]
         prompts = tictactoe_prompts(items, AutoTokenizer.from_pretrained(model_path))
 
         def direct() -> dict[str, float]:

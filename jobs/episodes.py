@@ -6,18 +6,19 @@ Training (`Job.rollout`), the training job's evaluations and `rlsys eval` all su
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import ray
 
+from rlsys.envs.base import DEFAULT_VARIANT, Perturbation
 from rlsys.types import Trajectory, TrajectorySummary
 
-DEFAULT_VARIANT = "default"  # the unperturbed prompt
-
-
-def with_variants(items: list[dict[str, Any]], variants: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """(variant, item) for every variant and item; perturbed items carry `prompt_variant`."""
-    return [(v, item if v == DEFAULT_VARIANT else {**item, "prompt_variant": v}) for v in variants for item in items]
+def with_variants(items: list[dict[str, Any]], variants: list[str],
+                  perturbations: Mapping[str, Perturbation]) -> list[tuple[str, dict[str, Any]]]:
+    """(variant, item) for every variant and the items it runs: ``items`` for the default prompt, what the
+    environment's perturbation makes of them for another (it may leave out items it does not apply to)."""
+    return [(v, item) for v in variants for item in (items if v == DEFAULT_VARIANT else perturbations[v](items))]
 
 
 def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: list[dict[str, Any]], n: int,

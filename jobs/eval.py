@@ -4,21 +4,18 @@ The same actors and agent path as training, minus the learner: one rollout actor
 and the env workers of `jobs.placement.make_env_workers`, each episode an agent run through the proxy,
 scored by the job's reward and labelled by its `outcome`. Greedy by default (`--temperature 0`).
 
-Boards: `--boards FILE` (JSONL), else the generated held-out boards that `jobs.items.load_eval_items`
-builds, disjoint from the training boards. When `--ckpt` is a checkpoint written by rlsys, its
-`config.resolved.toml` supplies the data seeds, so the held-out set is disjoint from *that run's*
-training set (and the agent, reward and max_new_tokens are the run's own).
+Items: `--items FILE` (JSONL; `--boards` is the old name), else the environment's held-out items
+(`jobs.items.load_eval_items`; generated ones are disjoint from the training set). When `--ckpt` is a checkpoint
+written by rlsys, its `config.resolved.toml` supplies the environment and the data seeds, so the held-out set is
+disjoint from *that run's* training set (and the agent, reward and max_new_tokens are the run's own).
 
-`--perturb` runs every board once more per prompt variant of `rlsys.envs.tictactoe.prompt.PERTURBATIONS`:
-the items carry `"prompt_variant"`, which the built-in tic-tac-toe agent turns into `perturbed_messages`.
+`--perturb` runs the held-out items once more per perturbation of the environment (`Environment.perturbations`:
+each makes its variant's items from the held-out ones, e.g. tagged with `"prompt_variant"` for the agent to read).
 Each variant is reported on its own (rates, reward, error table), next to the unperturbed `default`.
 
-Rates (`valid_call_rate`, `legal_move_rate`, `optimal_move_rate`, `win_move_rate`) come from the reward
-module's optional `summarize(outcomes)`; failed episodes (agent or reward errors) count in the denominator
-and appear in the error table under their failure kind, never as a 0 reward. Beside them, the rates by kind of
-board from its optional `summarize_by_kind(items, outcomes)`: for tic-tac-toe `win_taken_rate` (boards with an
-immediate win), `block_rate` (O threatens, blocking is the only move that does not lose), `other_optimal_rate`
-(no win, no threat), `lost_legal_rate` (every move loses) and `<kind>_episodes` (`game.board_kind`).
+Rates come from the environment's `summarize(items, outcomes)` (rates over all items, then any split by kind of
+item, with `<kind>_episodes` counts); failed episodes (agent or reward errors) count in the denominator and appear
+in the error table under their failure kind, never as a 0 reward.
 `evaluate_held_out` runs the episodes and computes these per variant, here and for the training job's evaluations
 (`Job.evaluate`): one evaluation path.
 """
@@ -35,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from rlsys.config import Config, DataConfig, EnvConfig, load_config
+from rlsys.envs.base import DEFAULT_VARIANT, Environment
 from rlsys.errors import UserInputError
 
-BUILTIN_AGENT = "rlsys.envs.tictactoe.agent:agent"
-RATE_KEYS = ("valid_call_rate", "legal_move_rate", "optimal_move_rate", "win_move_rate")
-KIND_RATE_KEYS = ("win_taken_rate", "block_rate", "other_optimal_rate", "lost_legal_rate")
 EXAMPLES_PER_VARIANT = 3
+REPORT_KEYS = ("episodes", "rewards_mean", "failed_frac", "response_len_mean", "errors")  # the rest are rates
 
 
 @dataclass
@@ -48,10 +44,10 @@ class EvalRequest:
     """What `rlsys eval` was asked for (the command line, typed)."""
 
     ckpt: str = "rlsys:tiny"
-    boards: str | None = None  # JSONL of held-out items; None = generated held-out boards
+    items: str | None = None  # JSONL of held-out items; None = the environment's held-out items
     perturb: bool = False
-    n: int | None = None  # evaluate the first n boards only
-    samples: int = 1  # episodes per board (and variant)
+    n: int | None = None  # evaluate the first n items only
+    samples: int = 1  # episodes per item (and variant)
     temperature: float = 0.0
     config: str | None = None  # TOML file to start from (else the checkpoint's own resolved config)
     overrides: list[str] = field(default_factory=list)
@@ -78,36 +74,25 @@ def eval_config(req: EvalRequest) -> Config:
     if base is None and own.is_file():
         base = str(own)
     overrides = [f"model.ckpt={json.dumps(ckpt)}"]
-    if req.boards:
-        overrides.append(f"data.eval_path={json.dumps(req.boards)}")
+    if req.items:
+        overrides.append(f"data.eval_path={json.dumps(req.items)}")
     return load_config(base, overrides=[*overrides, *req.overrides])
 
 
-def eval_items(d: DataConfig, algo: str, reward_fn_path: str, n: int | None) -> tuple[list[dict[str, Any]], str]:
+def eval_items(d: DataConfig, algo: str, env: Environment, n: int | None) -> tuple[list[dict[str, Any]], str]:
     """The held-out items (first ``n`` if given) and a one-line description of where they came from."""
     from jobs.items import load_eval_items
 
-    items = load_eval_items(d, algo, reward_fn_path)
-    if d.eval_path:
-        source = f"{d.eval_path}"
-    else:
-        source = (f"generated held-out boards (seed {d.seed + 1}, disjoint from the {d.num_items} "
-                  f"training boards of seed {d.seed})")
+    items = load_eval_items(d, algo, env)
+    source = d.eval_path or f"the {env.name} environment's held-out items (data seed {d.seed})"
     if n is not None:
         items = items[:n]
     return items, source
 
 
-def eval_variants(perturb: bool) -> list[str]:
-    """The prompt variants to run: the default prompt, and with ``perturb`` every one of
-    `rlsys.envs.tictactoe.prompt.PERTURBATIONS`."""
-    from jobs.episodes import DEFAULT_VARIANT
-
-    if not perturb:
-        return [DEFAULT_VARIANT]
-    from rlsys.envs.tictactoe.prompt import PERTURBATIONS
-
-    return [DEFAULT_VARIANT, *PERTURBATIONS]
+def eval_variants(env: Environment, perturb: bool) -> list[str]:
+    """The variants to run: the default prompt, and with ``perturb`` every perturbation of the environment."""
+    return [DEFAULT_VARIANT, *(env.perturbations if perturb else ())]
 
 
 # --- running episodes on Ray actors ------------------------------------------------------------------
@@ -134,19 +119,10 @@ def start_actors(engine: Any, env: EnvConfig, model_path: str) -> tuple[Any, dic
 
 
 # --- turning summaries into the report -------------------------------------------------------------------
-def outcome_rates(reward_module: Any, items: list[dict[str, Any]], summaries: list[Any]) -> dict[str, float]:
-    """The reward module's optional rates over these episodes (``items[k]`` is episode k's item): its
-    `summarize(outcomes)` (over all boards) and `summarize_by_kind(items, outcomes)` (by kind of board). A failed
-    episode's outcome is "failed", so it counts against every rate. {} when the module has neither."""
-    outcomes = [s.outcome if not s.failed else "failed" for s in summaries]
-    out: dict[str, float] = {}
-    summarize = getattr(reward_module, "summarize", None)
-    if summarize is not None:
-        out.update({k: float(v) for k, v in summarize(outcomes).items()})
-    by_kind = getattr(reward_module, "summarize_by_kind", None)
-    if by_kind is not None:
-        out.update({k: float(v) for k, v in by_kind(items, outcomes).items()})
-    return out
+def outcome_rates(env: Environment, items: list[dict[str, Any]], summaries: list[Any]) -> dict[str, float]:
+    """The environment's rates over these episodes (``items[k]`` is episode k's item). A failed episode's outcome
+    is "failed", so it counts against every rate. {} when the environment has no summary."""
+    return env.rates(items, [s.outcome if not s.failed else "failed" for s in summaries])
 
 
 @dataclass
@@ -185,28 +161,27 @@ class HeldOut:
 
 
 def evaluate_held_out(env_workers: list[Any], proxies: list[dict[str, Any]], items: list[dict[str, Any]],
-                      variants: list[str], samples: int, reward_module: Any, labels: tuple[str, ...],
-                      tag: str | None = None, progress: bool = False) -> HeldOut:
-    """``samples`` episodes of every item under every prompt variant, on the env workers behind ``proxies`` (the
-    engines' temperature is the caller's to set), summed up per variant. Episode (g, s) runs with the seed
-    `eval-<tag>-item<g>-sample<s>`, ``tag`` defaulting to the episode's prompt variant. The one evaluation path of
-    `rlsys eval` and of the training job's evaluations (`Job.evaluate`)."""
-    from jobs.episodes import DEFAULT_VARIANT, run_episodes, with_variants
+                      variants: list[str], samples: int, env: Environment, tag: str | None = None,
+                      progress: bool = False) -> HeldOut:
+    """``samples`` episodes of every item under every variant (``env``'s perturbations), on the env workers behind
+    ``proxies`` (the engines' temperature is the caller's to set), summed up per variant. Episode (g, s) runs with
+    the seed `eval-<tag>-item<g>-sample<s>`, ``tag`` defaulting to the episode's variant. The one evaluation path
+    of `rlsys eval` and of the training job's evaluations (`Job.evaluate`)."""
+    from jobs.episodes import run_episodes, with_variants
     from rlsys.metrics import rollout_metrics
 
-    episodes = with_variants(items, variants)
+    episodes = with_variants(items, variants, env.perturbations)
     traj_refs, summaries = run_episodes(
         env_workers, proxies, [item for _, item in episodes], samples,
         lambda w, p, item, g, s: w.run_episode.options(num_returns=2).remote(
-            p, item, g, s, f"eval-{item.get('prompt_variant', DEFAULT_VARIANT) if tag is None else tag}"
-                           f"-item{g}-sample{s}"),
+            p, item, g, s, f"eval-{episodes[g][0] if tag is None else tag}-item{g}-sample{s}"),
         progress=progress, desc="eval")
     results = {}
     for v in variants:
         ks = [k for k in range(len(summaries)) if episodes[k // samples][0] == v]
         mine = [summaries[k] for k in ks]
-        results[v] = VariantResult(episodes=len(mine), rollout=rollout_metrics(mine, labels),
-                                   rates=outcome_rates(reward_module, [episodes[k // samples][1] for k in ks], mine))
+        results[v] = VariantResult(episodes=len(mine), rollout=rollout_metrics(mine, env.outcomes),
+                                   rates=outcome_rates(env, [episodes[k // samples][1] for k in ks], mine))
     return HeldOut(episodes=episodes, samples=samples, traj_refs=traj_refs, summaries=summaries, variants=results)
 
 
@@ -224,7 +199,7 @@ def collect_examples(traj_refs: list[Any], summaries: list[Any], episodes: list[
     trajs = dict(zip(flat, ray.get([traj_refs[k] for k in flat])))
     out: dict[str, list[dict[str, Any]]] = {}
     for variant, ks in picked.items():
-        out[variant] = [{"item_id": trajs[k].item_id, "board": episodes[k // samples][1].get("board"),
+        out[variant] = [{"item_id": trajs[k].item_id, "item": episodes[k // samples][1],
                          "outcome": trajs[k].outcome or None, "reward": trajs[k].reward if not trajs[k].failed else None,
                          "fail_reason": trajs[k].fail_reason or None, "output": trajs[k].info.get("output")}
                         for k in ks]
@@ -237,19 +212,14 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
 
     from jobs.session import init_ray
     from rlsys.models.resolve import resolve_model
-    from rlsys.plugins import load_agent, load_reward
 
     cfg = eval_config(req)
-    load_agent(cfg.env.agent_fn)
-    reward_fn, _ = load_reward(cfg.env.reward_fn_path)
-    reward_module = sys.modules[reward_fn.__module__]
-    labels = tuple(getattr(reward_module, "OUTCOMES", ()))
-    items, source = eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path, req.n)
-    variants = eval_variants(req.perturb)
-    if req.perturb and cfg.env.agent_fn != BUILTIN_AGENT:
-        print(f"rlsys eval: WARNING --perturb sets item['prompt_variant']; the agent {cfg.env.agent_fn} "
-              "must read it (the built-in tic-tac-toe agent does), or every variant is the default prompt",
-              file=sys.stderr, flush=True)
+    env = cfg.env.environment()
+    items, source = eval_items(cfg.data, cfg.algo.name, env, req.n)
+    variants = eval_variants(env, req.perturb)
+    if req.perturb and not env.perturbations:
+        print(f"rlsys eval: WARNING --perturb: the environment {env.name} has no perturbations (another agent than "
+              "its own has none); only the default prompt runs", file=sys.stderr, flush=True)
     model_path = resolve_model(cfg.model.ckpt)
 
     t0 = time.perf_counter()
@@ -261,7 +231,7 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
         rollout, proxy, env_workers = start_actors(engine_settings(cfg, model_path), cfg.env, model_path)
         ray.get(rollout.set_temperature.remote(req.temperature))
         t_start = time.perf_counter()
-        held_out = evaluate_held_out(env_workers, [proxy], items, variants, req.samples, reward_module, labels,
+        held_out = evaluate_held_out(env_workers, [proxy], items, variants, req.samples, env,
                                      progress=cfg.logging.progress)
         t_episodes = time.perf_counter() - t_start
         examples = collect_examples(held_out.traj_refs, held_out.summaries, held_out.episodes, req.samples)
@@ -273,9 +243,10 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
 
     per_variant = {v: result.report() for v, result in held_out.variants.items()}
     return {
-        "ckpt": req.ckpt, "model_path": model_path, "boards": source, "num_boards": len(items),
-        "samples": req.samples, "temperature": req.temperature, "agent": cfg.env.agent_fn,
+        "ckpt": req.ckpt, "model_path": model_path, "items": source, "num_items": len(items),
+        "samples": req.samples, "temperature": req.temperature, "env": env.name, "agent": cfg.env.agent_fn,
         "reward": cfg.env.reward_fn_path, "max_new_tokens": cfg.rollout.max_new_tokens,
+        "outcomes": list(env.outcomes),
         "variants": per_variant, "examples": examples,
         "time_s": {"total": time.perf_counter() - t0, "episodes": t_episodes},
     }
@@ -295,47 +266,37 @@ def _shutdown(rollout: Any, env_workers: list[Any]) -> None:
 
 # --- output ----------------------------------------------------------------------------------------
 def format_table(report: dict[str, Any]) -> str:
-    """The printed report: one column per prompt variant, rates first, then reward and the error table."""
+    """The printed report: one column per variant, the environment's rates first (in its order), then reward and
+    the error table (in the environment's outcome order, failures after)."""
     variants = list(report["variants"])
     width = max(10, *(len(v) + 2 for v in variants))
-    rows: list[tuple[str, list[Any]]] = []
     first = report["variants"][variants[0]]
-    for key in [k for k in RATE_KEYS if k in first] + ["rewards_mean", "failed_frac"]:
-        rows.append((key, [report["variants"][v].get(key) for v in variants]))
-    kind_rows = [(key, [report["variants"][v].get(key) for v in variants])
-                 for key in KIND_RATE_KEYS if any(key in report["variants"][v] for v in variants)]
-    # episodes of each kind (the same boards in every variant)
+    rates = [k for k in dict.fromkeys(k for v in variants for k in report["variants"][v])
+             if k not in REPORT_KEYS and not k.endswith("_episodes")]
+    # items of each kind, where the environment counts them (the same items in every variant)
     kind_counts = ", ".join(f"{k.removesuffix('_episodes')} {int(x)}" for k, x in first.items() if k.endswith("_episodes"))
+    order = report.get("outcomes", [])
     labels = sorted({k for v in variants for k in report["variants"][v]["errors"]},
-                    key=lambda k: (_label_order(k), k))
+                    key=lambda k: (order.index(k) if k in order else len(order), k))
     temp = report["temperature"]
     lines = [
-        f"rlsys eval: {report['model_path']}",
-        f"  {report['num_boards']} boards from {report['boards']}",
-        f"  {report['samples']} sample(s) per board and variant, "
+        f"rlsys eval: {report['model_path']} ({report.get('env', '?')} environment)",
+        f"  {report['num_items']} items from {report['items']}"
+        + (f"; by kind: {kind_counts}" if kind_counts else ""),
+        f"  {report['samples']} sample(s) per item and variant, "
         + ("greedy" if temp == 0 else f"temperature {temp:g}")
         + f"; {sum(report['variants'][v]['episodes'] for v in variants)} episodes in "
         f"{report['time_s']['episodes']:.1f} s",
         "",
         f"  {'':<22}" + "".join(f"{v:>{width}}" for v in variants),
     ]
-    for name, values in rows:
-        lines.append(f"  {name:<22}" + "".join(_cell(x, width) for x in values))
-    if kind_rows:
-        lines.append(f"  by kind of board (episodes: {kind_counts})")
-        for name, values in kind_rows:
-            lines.append(f"  {name:<22}" + "".join(_cell(x, width) for x in values))
+    for name in [*rates, "rewards_mean", "failed_frac"]:
+        lines.append(f"  {name:<22}" + "".join(_cell(report["variants"][v].get(name), width) for v in variants))
     lines.append("  error table (fraction of episodes)")
     for label in labels:
         lines.append(f"    {label:<20}" + "".join(_cell(report['variants'][v]['errors'].get(label, 0.0), width)
                                              for v in variants))
     return "\n".join(lines)
-
-
-def _label_order(label: str) -> int:
-    from rlsys.envs.tictactoe.game import OUTCOMES
-
-    return OUTCOMES.index(label) if label in OUTCOMES else len(OUTCOMES)
 
 
 def _cell(x: Any, width: int) -> str:
@@ -346,10 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlsys eval", description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", default="rlsys:tiny",
                    help="model folder, run directory (its latest checkpoint) or rlsys:tiny (default)")
-    p.add_argument("--boards", metavar="FILE", help="JSONL held-out items (default: generated held-out boards)")
-    p.add_argument("--perturb", action="store_true", help="also run every prompt perturbation, reported separately")
-    p.add_argument("--n", type=int, metavar="N", help="evaluate the first N boards only")
-    p.add_argument("--samples", type=int, default=1, metavar="K", help="episodes per board and variant (default 1)")
+    p.add_argument("--items", "--boards", dest="items", metavar="FILE",
+                   help="JSONL held-out items (default: the environment's held-out items)")
+    p.add_argument("--perturb", action="store_true",
+                   help="also run every perturbation of the environment, reported separately")
+    p.add_argument("--n", type=int, metavar="N", help="evaluate the first N items only")
+    p.add_argument("--samples", type=int, default=1, metavar="K", help="episodes per item and variant (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default 0: greedy)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--config", metavar="FILE.toml", help="config to start from (default: the checkpoint's own)")
@@ -367,11 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"rlsys eval: {flag} {value}: must be at least 1", file=sys.stderr)
             return 2
-    req = EvalRequest(ckpt=args.ckpt, boards=args.boards, perturb=args.perturb, n=args.n, samples=args.samples,
+    req = EvalRequest(ckpt=args.ckpt, items=args.items, perturb=args.perturb, n=args.n, samples=args.samples,
                       temperature=args.temperature, config=args.config, overrides=overrides)
     try:
         report = run_eval(req)
-    except UserInputError as err:  # bad checkpoint, boards, config or plug-in: one line, no traceback
+    except UserInputError as err:  # bad checkpoint, items, config or plug-in: one line, no traceback
         print(f"rlsys eval: {err}", file=sys.stderr)
         return 2
     print(format_table(report), flush=True)

@@ -1,26 +1,23 @@
 """The job's items, checked before Ray starts: plug-ins, the training and held-out data, the memory budget.
 
 `preflight` refuses what it can before any process starts (exit 2 with one line, `rlsys.errors.UserInputError`);
-`load_items` and `load_eval_items` are also what `rlsys eval` and the scripts use to get the same boards.
+`load_items` and `load_eval_items` are also what `rlsys eval` and the scripts use to get the same items.
 """
 from __future__ import annotations
 
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlsys.config import Config, ConfigError, DataConfig
 from rlsys.data import DatasetError, read_jsonl
 from rlsys.models.resolve import resolve_model
-from rlsys.plugins import load_agent, load_reward
+
+if TYPE_CHECKING:
+    from rlsys.envs.base import Environment
 
 
-def item_validator(algo: str, reward_fn_path: str):
-    """What every dataset line must satisfy: an SFT chat (``algo`` sft), or the reward file's optional
-    `validate_item`."""
-    if algo == "sft":
-        return validate_chat
-    reward_fn, _ = load_reward(reward_fn_path)
-    return getattr(sys.modules[reward_fn.__module__], "validate_item", None)
+def item_validator(algo: str, env: Environment):
+    """What every dataset line must satisfy: an SFT chat (``algo`` sft), or the environment's `validate_item`."""
+    return validate_chat if algo == "sft" else env.validate_item
 
 
 def validate_chat(item: dict[str, Any]) -> None:
@@ -35,14 +32,13 @@ def validate_chat(item: dict[str, Any]) -> None:
 
 
 def preflight(cfg: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Everything that can be refused before Ray starts: plug-ins, training and held-out data, a memory budget
-    the job does not fit."""
-    load_agent(cfg.env.agent_fn)
-    load_reward(cfg.env.reward_fn_path)
+    """Everything that can be refused before Ray starts: the environment and its plug-ins, training and held-out
+    data, a memory budget the job does not fit."""
+    env = cfg.env.environment()
     check_memory_budget(cfg)
-    items = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)
+    items = load_items(cfg.data, cfg.algo.name, env)
     wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
-    return items, load_eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path) if wants_eval else []
+    return items, load_eval_items(cfg.data, cfg.algo.name, env) if wants_eval else []
 
 
 def check_memory_budget(cfg: Config) -> None:
@@ -62,30 +58,25 @@ def check_memory_budget(cfg: Config) -> None:
           f"{split.learner_bytes / GIB:.1f} GiB, engine {split.engine_bytes / GIB:.1f} GiB", flush=True)
 
 
-def load_items(data: DataConfig, algo: str, reward_fn_path: str) -> list[dict[str, Any]]:
-    """Training items: the dataset file (checked by `item_validator`), or the generated tic-tac-toe boards
-    (format-only chats for ``algo`` sft)."""
+def load_items(data: DataConfig, algo: str, env: Environment) -> list[dict[str, Any]]:
+    """Training items: the dataset file (checked by `item_validator`), or the environment's own (its SFT chats
+    for ``algo`` sft)."""
     if data.dataset_path:
-        return read_jsonl(data.dataset_path, validate=item_validator(algo, reward_fn_path))
-    from rlsys.envs.tictactoe.dataset import make_dataset
-
-    boards = make_dataset(data.num_items, data.seed)
-    if algo == "sft":
-        from rlsys.envs.tictactoe.sft_data import make_sft_dataset
-
-        return make_sft_dataset(boards, data.num_items, data.seed)
-    return boards
+        return read_jsonl(data.dataset_path, validate=item_validator(algo, env))
+    source = env.sft_items if algo == "sft" else env.train_items
+    if source is None:
+        raise DatasetError(f"data.dataset_path: environment {env.name!r} has no built-in "
+                           f"{'SFT chats' if algo == 'sft' else 'training items'}; give a JSONL file")
+    return source(data)
 
 
-def load_eval_items(data: DataConfig, algo: str, reward_fn_path: str) -> list[dict[str, Any]]:
-    """Held-out items: the eval file (checked by the reward file's `validate_item`), or generated tic-tac-toe
-    boards disjoint from the training boards."""
+def load_eval_items(data: DataConfig, algo: str, env: Environment) -> list[dict[str, Any]]:
+    """Held-out items: the eval file (checked by the environment's `validate_item`), or the environment's own."""
     if data.eval_path:
-        reward_fn, _ = load_reward(reward_fn_path)
-        return read_jsonl(data.eval_path, validate=getattr(sys.modules[reward_fn.__module__], "validate_item", None))
+        return read_jsonl(data.eval_path, validate=env.validate_item)
     if data.dataset_path and algo != "sft":
         raise DatasetError("data.eval_path: evaluating on a custom dataset needs its own held-out file")
-    from rlsys.envs.tictactoe.dataset import make_dataset
-
-    train_boards = [item["board"] for item in make_dataset(data.num_items, data.seed)]
-    return make_dataset(data.num_eval_items, data.seed + 1, exclude=train_boards)
+    if env.heldout_items is None:
+        raise DatasetError(f"data.eval_path: environment {env.name!r} has no built-in held-out items; give a "
+                           "JSONL file")
+    return env.heldout_items(data)

@@ -7,7 +7,6 @@ rollout actor and learner sharing it with fractional `num_gpus`; without GPUs th
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +23,8 @@ from jobs.weight_sync import WeightSync, canary_sequence, route_weights
 from rlsys import checkpoint as ckpt
 from rlsys.config import Config, dump_config
 from rlsys.data import ItemStream
+from rlsys.envs.base import Environment
 from rlsys.models.resolve import resolve_model
-from rlsys.plugins import load_reward
 from rlsys.sampling import GroupSieve, next_signal_rate
 from rlsys.types import TrajectorySummary
 
@@ -45,7 +44,7 @@ class Job:
     model_path: str
     eval_items: list[dict[str, Any]]
     outcome_labels: tuple[str, ...] = ()
-    reward_module: str = ""
+    env: Environment | None = None  # the driver's copy: outcomes, summary and perturbations for evaluations
     start_step: int = 0
     placement_group: Any = None
     startup_marks: dict[str, float] = field(default_factory=dict)  # milestone -> time.time() (Job.start)
@@ -111,13 +110,12 @@ class Job:
             canary_follow=not cfg.learner.fp32_master, routes=plan.routes,
         )
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle, replay_frac=cfg.data.signal_replay)
-        reward_fn, _ = load_reward(cfg.env.reward_fn_path)
-        labels = tuple(getattr(sys.modules[reward_fn.__module__], "OUTCOMES", ()))
+        env = cfg.env.environment()
         wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
         job = cls(cfg=cfg, namespace=namespace, owns_ray=owns_ray, learners=learners, rollouts=placed.rollouts,
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
                   data=data, model_path=model_path, eval_items=eval_items if wants_eval else [],
-                  outcome_labels=labels, reward_module=reward_fn.__module__, placement_group=placed.placement_group,
+                  outcome_labels=env.outcomes, env=env, placement_group=placed.placement_group,
                   startup_marks=marks, sleep_level=sleep_level)
         if resume_from is not None:
             ray.get([rank.load_state.remote(str(resume_from)) for rank in learners])
@@ -196,9 +194,8 @@ class Job:
         ray.get([r.set_temperature.remote(self.cfg.eval.temperature) for r in self.rollouts])
         try:
             held_out = evaluate_held_out(self.env_workers, self.proxies, self.eval_items,
-                                         eval_variants(self.cfg.eval.perturb), self.cfg.eval.n_samples,
-                                         sys.modules.get(self.reward_module, None), self.outcome_labels, tag=tag,
-                                         progress=self.cfg.logging.progress)
+                                         eval_variants(self.env, self.cfg.eval.perturb), self.cfg.eval.n_samples,
+                                         self.env, tag=tag, progress=self.cfg.logging.progress)
         finally:
             ray.get([r.set_temperature.remote(None) for r in self.rollouts])
         metrics: dict[str, float] = {}

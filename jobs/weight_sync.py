@@ -2,7 +2,7 @@
 (`route_weights`: rlsys/weights/routes.py's plan, each side given its transports), and the stale-weights canary
 that checks every push landed (`WeightSync.check_canary`).
 
-The canary is a fixed tic-tac-toe chat (`canary_sequence`) whose logprobs the engines and the learner must agree on
+The canary is a fixed chat unrelated to any environment (`canary_sequence`) whose logprobs the engines and the learner must agree on
 within a tolerance (jobs/placement.py `canary_tolerance`), and, between checks, move together (`canary_movement`).
 """
 from __future__ import annotations
@@ -158,9 +158,9 @@ def canary_sequence(model_path: str) -> tuple[list[int], list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_path)
-    messages = [{"role": "system", "content": "You play tic-tac-toe as X."},
-                {"role": "user", "content": "X|2|O\n4|X|6\n7|8|O\nYour move."}]
-    answer = '<tool_call>\n{"name": "choose_square", "arguments": {"square": 9}}\n</tool_call>'
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Name three primary colours, then count to five."}]
+    answer = "Red, yellow and blue. One, two, three, four, five."
     prompt = _ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     full = _ids(tok.apply_chat_template(messages + [{"role": "assistant", "content": answer}], tokenize=True))
     if full[: len(prompt)] != prompt:  # templates that rewrite history: fall back to plain encoding

@@ -44,14 +44,15 @@ class ModelConfig(_Section):
 
 class DataConfig(_Section):
     dataset_path: str | None = None
-    """JSONL training items (SFT: chats `{"messages": [...], "tools": [...]}`). Unset: the tic-tac-toe
-    training set is generated (`num_items`, `seed`); for SFT, format-only chats over those boards."""
+    """JSONL training items (SFT: chats `{"messages": [...], "tools": [...]}`). Unset: the environment's own
+    (`Environment.train_items`, `sft_items` for SFT; tic-tac-toe generates `num_items` boards of `seed`)."""
     eval_path: str | None = None
-    """JSONL held-out items. Unset: generated tic-tac-toe boards disjoint from the training set."""
+    """JSONL held-out items. Unset: the environment's own (`Environment.heldout_items`; tic-tac-toe generates
+    boards disjoint from the training set)."""
     num_items: int = Field(2048, ge=1)
-    """Size of the generated training set when `dataset_path` is unset."""
+    """Size of the generated training set when `dataset_path` is unset (environments that generate items)."""
     num_eval_items: int = Field(256, ge=0)
-    """Size of the generated held-out set when `eval_path` is unset."""
+    """Size of the generated held-out set when `eval_path` is unset (environments that generate items)."""
     seed: int = 2026
     """Seed of the generated datasets (the same seed gives the same files)."""
     shuffle: bool = True
@@ -131,10 +132,16 @@ AUTO_WORKERS_PER_NODE = (2, 8)  # `env.num_workers = "auto"`: half a node's CPUs
 
 
 class EnvConfig(_Section):
-    agent_fn: str = "rlsys.envs.tictactoe.agent:agent"
-    """The agent: `path/to/file.py[:name]` or `package.module:name`; `async def agent(item, client, model)`."""
-    reward_fn_path: str = "rlsys.envs.tictactoe.reward:reward"
-    """The reward: `path/to/file.py[:name]` or `package.module:name`; `def reward(record) -> float`."""
+    name: str = "tictactoe"
+    """The environment (rlsys/envs/base.py `Environment`): a built-in one (`tictactoe`, `tictactoe_game`, `ledger`,
+    `gsm`, `mcp_calculator`) or a user's, `package.module:ENV` or `path/to/file.py:ENV` (docs/CONTRACTS.md)."""
+    agent_fn: str | None = None
+    """Replaces the environment's agent: `path/to/file.py[:name]` or `package.module:name`;
+    `async def agent(item, client, model)`. Unset: the environment's own."""
+    reward_fn_path: str | None = None
+    """Replaces the environment's reward: `path/to/file.py[:name]` or `package.module:name`;
+    `def reward(record) -> float`, with the file's optional `outcome`, `OUTCOMES`, `validate_item`, `summarize`.
+    Unset: the environment's own."""
     num_workers: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     """Env worker actors (CPU); each runs many agents concurrently. `auto`: half the CPUs of each engine's node,
     2 to 8 per node. Each worker's event loop runs its agents' OpenAI clients one request at a time (~2-4 ms
@@ -158,6 +165,13 @@ class EnvConfig(_Section):
             return self.num_workers
         low, high = AUTO_WORKERS_PER_NODE
         return sum(min(high, max(low, int(c or 4) // 2)) for c in node_cpus or [0.0])
+
+    def environment(self) -> Any:
+        """The `rlsys.envs.Environment` these settings name, with the agent/reward plug-ins laid over it
+        (PluginError if one cannot be loaded)."""
+        from rlsys.envs.base import resolve_environment
+
+        return resolve_environment(self.name, self.agent_fn, self.reward_fn_path)
 
 
 class AlgoConfig(_Section):

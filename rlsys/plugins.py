@@ -1,4 +1,4 @@
-"""Load the user's agent and reward functions from `path/to/file.py[:name]` or `package.module:name`.
+"""Load the user's agent and reward functions (or environment) from `path/to/file.py[:name]` or `package.module:name`.
 
 Refused before any work starts, with the file and what is wrong: a missing file, a syntax error (with
 its line), an import that fails inside it, a missing or non-callable function, an agent that is not
@@ -31,6 +31,15 @@ def _split_spec(spec: str, default_name: str) -> tuple[str, str]:
 
 def load_function(spec: str, default_name: str, what: str) -> Callable[..., Any]:
     """Import ``spec`` and return its function ``name`` (``default_name`` unless ``:name`` is given)."""
+    fn = load_attribute(spec, default_name, what)
+    if not callable(fn):
+        raise PluginError(f"{what} {spec}: {_split_spec(spec, default_name)[1]!r} is a {type(fn).__name__}, "
+                          "not a function")
+    return fn
+
+
+def load_attribute(spec: str, default_name: str, what: str, noun: str = "function") -> Any:
+    """Import ``spec`` and return its attribute ``name`` (``default_name`` unless ``:name`` is given), a ``noun``."""
     target, name = _split_spec(spec, default_name)
     if target.endswith(".py") or "/" in target:
         module = _load_file(Path(target), what)
@@ -43,13 +52,11 @@ def load_function(spec: str, default_name: str, what: str) -> Callable[..., Any]
         except SyntaxError as err:
             raise PluginError(f"{what} {spec!r}: syntax error in {err.filename}, line {err.lineno}: {err.msg}") from None
         where = getattr(module, "__file__", target)
-    fn = getattr(module, name, None)
-    if fn is None:
+    value = getattr(module, name, None)
+    if value is None:
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise PluginError(f"{what} {where}: no function {name!r} (callables there: {', '.join(public) or 'none'})")
-    if not callable(fn):
-        raise PluginError(f"{what} {where}: {name!r} is a {type(fn).__name__}, not a function")
-    return fn
+        raise PluginError(f"{what} {where}: no {noun} {name!r} (callables there: {', '.join(public) or 'none'})")
+    return value
 
 
 def load_agent(spec: str) -> Callable[..., Any]:

@@ -2,8 +2,8 @@
 
 Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window`
 steps; the windows overlap on runs shorter than two windows), the policy's entropy (and KL to the reference when
-`algo.kl_coef` is set), the mean time per phase, and the held-out evaluations: totals, and rates by kind of board
-(win taken, blocked, optimal elsewhere). Writes `RUN_DIR/plots/`: reward.png, response_len.png, loss.png,
+`algo.kl_coef` is set), the mean time per phase, and the held-out evaluations: the environment's rates and the
+mean reward. The error table follows the environment's outcome order (`Environment.outcomes`). Writes `RUN_DIR/plots/`: reward.png, response_len.png, loss.png,
 logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run did not log, e.g. logp_diff
 for SFT, is skipped and said so).
 
@@ -25,10 +25,12 @@ PHASES = ("rollout", "sleep", "train", "sync", "wake", "canary")
 # error-table colours: failures grey/red/orange, legal moves blue to green (unknown labels: matplotlib's cycle)
 ERROR_COLORS = {"no_tool_call": "#8c8c8c", "parse_error": "#d62728", "occupied": "#ff7f0e", "out_of_range": "#bcbd22",
                 "legal_suboptimal": "#1f77b4", "optimal": "#2ca02c", "win": "#17becf"}
-EVAL_KEYS = ("eval/valid_call_rate", "eval/legal_move_rate", "eval/optimal_move_rate", "eval/win_move_rate",
-             "eval/rewards_mean")
-# by kind of board (jobs/eval.py's KIND_RATE_KEYS), printed on a line of their own
-EVAL_KIND_KEYS = ("eval/win_taken_rate", "eval/block_rate", "eval/other_optimal_rate", "eval/lost_legal_rate")
+
+
+def is_eval_rate(key: str) -> bool:
+    """An evaluation's own rate or mean reward (`eval/<x>_rate`, `eval/rewards_mean`), not a perturbation's."""
+    name = key.removeprefix("eval/")
+    return key.startswith("eval/") and "/" not in name and (name.endswith("_rate") or name == "rewards_mean")
 
 
 class ReportError(ValueError):
@@ -113,7 +115,7 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
         "run_dir": str(run.path), "steps": len(run.rows),
         "first_step": int(run.rows[0]["step"]) + 1, "last_step": int(run.rows[-1]["step"]) + 1,
         "algo": run.config.get("algo", {}).get("name"), "model": run.config.get("model", {}).get("ckpt"),
-        "window": window,
+        "window": window, "outcomes": outcome_order(run.config),
     }
     finite = [(s, r) for s, r in zip(steps, rewards) if math.isfinite(r)]
     if finite and out["algo"] != "sft":  # SFT episodes carry no reward (logged as 0.0)
@@ -141,7 +143,7 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
             out.setdefault("means", {})[key] = _mean(values)
             out.setdefault("lasts", {})[key] = values[-1]
     out["evals"] = [{"step": e.get("step"), "tag": e.get("tag"),
-                     **{k.removeprefix("eval/"): as_float(e.get(k)) for k in EVAL_KEYS + EVAL_KIND_KEYS if k in e}}
+                     **{k.removeprefix("eval/"): as_float(v) for k, v in e.items() if is_eval_rate(k)}}
                     for e in run.evals]
     return out
 
@@ -170,7 +172,7 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"  {label:<12} mean {_fmt(means[key], spec)}, last {_fmt(lasts[key], spec)}")
     if s["errors"]:
         lines.append(f"  error table (fraction of trajectories)   first {s['window']}   last {s['window']}   change")
-        for label, v in sorted(s["errors"].items(), key=lambda kv: _label_order(kv[0])):
+        for label, v in sorted(s["errors"].items(), key=lambda kv: _label_order(kv[0], s.get("outcomes", ()))):
             lines.append(f"    {label:<36} {v['first']:>8.3f}  {v['last']:>8.3f}  {v['last'] - v['first']:>+7.3f}")
     if s["time_mean_s"]:
         step = s["time_mean_s"].get("step")
@@ -181,23 +183,29 @@ def format_summary(s: dict[str, Any]) -> str:
                 lines.append(f"    {phase:<12} {t:>8.3f}{share}")
     if s["evals"]:
         lines.append("  held-out eval")
-        kinds = {k.removeprefix("eval/") for k in EVAL_KIND_KEYS}
         for e in s["evals"]:
             shown = {k: v for k, v in e.items() if k not in ("step", "tag") and v is not None}
-            rates = "  ".join(f"{k} {v:.3f}" for k, v in shown.items() if k not in kinds)
+            rates = "  ".join(f"{k} {v:.3f}" for k, v in shown.items())
             lines.append(f"    after step {e['step']} [{e['tag']}]: {rates}")
-            by_kind = "  ".join(f"{k} {v:.3f}" for k, v in shown.items() if k in kinds)
-            if by_kind:
-                lines.append(f"      by kind of board: {by_kind}")
     else:
         lines.append("  held-out eval: none in this run (eval.at_end / eval.every, or `rlsys eval --ckpt RUN_DIR`)")
     return "\n".join(lines)
 
 
-def _label_order(label: str) -> tuple[int, str]:
-    from rlsys.envs.tictactoe.game import OUTCOMES
+def outcome_order(config: dict[str, Any]) -> tuple[str, ...]:
+    """The outcome labels of the run's environment (its resolved config's `[env]`), in the environment's order;
+    () where it cannot be loaded here (a plug-in file that is not on this machine): labels then sort by name."""
+    from rlsys.config import EnvConfig
+    from rlsys.errors import UserInputError
 
-    return (OUTCOMES.index(label) if label in OUTCOMES else len(OUTCOMES), label)
+    try:
+        return EnvConfig(**config.get("env", {})).environment().outcomes
+    except (UserInputError, ValueError, ImportError):
+        return ()
+
+
+def _label_order(label: str, outcomes: tuple[str, ...]) -> tuple[int, str]:
+    return (outcomes.index(label) if label in outcomes else len(outcomes), label)
 
 
 # --- plots ------------------------------------------------------------------------------------------
@@ -316,7 +324,8 @@ def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path]
         skipped.append("step_time.png: no time/* metrics")
 
     errors = run.keys("error/") if run.config.get("algo", {}).get("name") != "sft" else []
-    errors.sort(key=lambda k: _label_order(k.removeprefix("error/")))
+    order = outcome_order(run.config)
+    errors.sort(key=lambda k: _label_order(k.removeprefix("error/"), order))
     if errors:
         fig, ax = plt.subplots(figsize=(7, 4))
         x = [int(r["step"]) + 1 for r in run.rows]

@@ -99,9 +99,9 @@ def test_eval_rates_of_a_model_that_always_plays_5_match_the_boards(ray_local, f
     report = run_eval(EvalRequest(ckpt=str(fixed_model), n=n, perturb=True,
                                   overrides=["logging.progress=false", "rollout.max_new_tokens=32"]))
     default = load_config()
-    held_out = load_eval_items(default.data, default.algo.name, default.env.reward_fn_path)
+    held_out = load_eval_items(default.data, default.algo.name, default.env.environment())
     boards = [it["board"] for it in held_out[:n]]
-    assert report["num_boards"] == n and "disjoint" in report["boards"]
+    assert report["num_items"] == n and "tictactoe environment's held-out items" in report["items"]
     assert list(report["variants"]) == ["default", *PERTURBATIONS]
 
     default = report["variants"]["default"]
@@ -130,7 +130,7 @@ def test_eval_rates_of_a_model_that_always_plays_5_match_the_boards(ray_local, f
 
     table = format_table(report)
     assert "legal_move_rate" in table and "tool_renamed" in table and "no_tool_call" in table
-    assert "by kind of board" in table and "win_taken_rate" in table
+    assert "by kind: win" in table and "win_taken_rate" in table
 
 
 def test_prompt_variant_items_get_the_perturbed_chat_and_plain_items_the_training_chat():
@@ -158,7 +158,7 @@ def test_cli_writes_json_for_the_untrained_tiny_model(ray_local, tmp_path, capsy
     assert rc == 0
     report = json.loads(out.read_text())
     (only,) = report["variants"].values()
-    assert only["episodes"] == 3 and report["boards"] == str(boards)
+    assert only["episodes"] == 3 and report["items"] == str(boards)
     assert sum(only["errors"].values()) == pytest.approx(1.0)
     printed = capsys.readouterr().out
     assert "valid_call_rate" in printed and "error table" in printed
@@ -203,7 +203,7 @@ def test_in_job_eval_with_perturb_reports_every_variant(ray_local, fixed_model, 
     run_dir = run_training(cfg)
     (row,) = read_metrics(run_dir / "eval.jsonl")
     assert row["tag"] == "start"
-    boards = [it["board"] for it in load_eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)]
+    boards = [it["board"] for it in load_eval_items(cfg.data, cfg.algo.name, cfg.env.environment())]
     assert len(boards) == n
     expected = _expected(boards)
     assert row["eval/valid_call_rate"] == pytest.approx(1.0)

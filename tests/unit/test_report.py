@@ -63,7 +63,8 @@ def test_printed_report_and_plots(tmp_path, capsys):
     out = capsys.readouterr().out
     for needle in ("24 steps logged", "best 0.150 (step 24)", "occupied", "time per step, mean (s): 4.00",
                    "rollout         2.000 (50%)", "after step 24 [end]", "legal_move_rate 0.700",
-                   "by kind of board: win_taken_rate 0.900  block_rate 0.500  other_optimal_rate 0.250",
+                   "legal_move_rate 0.700  valid_call_rate 1.000  win_taken_rate 0.900  block_rate 0.500  "
+                   "other_optimal_rate 0.250",
                    "entropy      mean 0.7700, last 0.5400"):
         assert needle in out, needle
     for name in ("reward.png", "response_len.png", "loss.png", "logp_diff.png", "entropy.png", "step_time.png",

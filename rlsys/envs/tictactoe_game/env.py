@@ -1,0 +1,25 @@
+"""Whole tic-tac-toe games against a seeded opponent. The held-out split already varies the prompt (each item's
+`prompt_variant`), so there are no extra evaluation perturbations."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlsys.envs.base import Environment, by_outcomes, shipped_items
+from rlsys.envs.tictactoe_game import reward
+from rlsys.envs.tictactoe_game.agent import agent
+from rlsys.envs.tictactoe_game.dataset import DATA_DIR, validate_item
+from rlsys.envs.tictactoe_game.sft_data import make_sft_dataset
+
+if TYPE_CHECKING:
+    from rlsys.config import DataConfig
+
+
+def sft_items(data: DataConfig) -> list[dict]:
+    return make_sft_dataset(data.num_items, data.seed)
+
+
+ENV = Environment(
+    name="tictactoe_game", agent=agent, reward=reward.reward, outcomes=reward.OUTCOMES, outcome=reward.outcome,
+    validate_item=validate_item, summarize=by_outcomes(reward.summarize),
+    train_items=shipped_items(DATA_DIR / "train.jsonl", validate_item),
+    heldout_items=shipped_items(DATA_DIR / "heldout.jsonl", validate_item), sft_items=sft_items)
