@@ -43,6 +43,10 @@ BF16_CANARY_TOL = 2e-2
 # the engine from the same weights rounded once to bf16 at the push, so a healthy job reads more: 0.025-0.085 on
 # the H200 with Qwen2.5-0.5B (docs/gpu.md, docs/results.md), against ~3.8 for a skipped push.
 AUTOCAST_CANARY_TOL = 0.15
+# LoRA: float32 adapters on the learner's bf16 base against their bf16 merge in the engine take AUTOCAST_CANARY_TOL
+# (a first guess: rounding of the merged weights, like fp32 masters); a 4-bit learner base against vLLM's bf16 one
+# adds the quantization error: a first guess too, to be replaced by tests/gpu/test_lora_gpu.py's measurement.
+LORA_4BIT_CANARY_TOL = 0.5
 # Environment of every GPU actor (the engine core that vLLM spawns inherits it):
 # - VLLM_ALLOW_INSECURE_SERIALIZATION: lets collective_rpc carry pickled objects (docs/gpu.md, "What rlsys relies on").
 # - VLLM_USE_FLASHINFER_SAMPLER=0: skips ~110 s of FlashInfer JIT at every cold engine start (same section).
@@ -55,6 +59,7 @@ class Placement:
     rollouts: list[Any]  # engines (+ proxies), one per `tp_size` GPUs
     sources: list[int]  # (E,) the learner rank on each engine's (first) GPU: where its weights come from
     canary_tol: float  # default tolerance of the canary for this layout's dtype
+    canary_follow: bool = True  # the engines' canary must move with the learner's (`canary_follows`)
     placement_group: Any = None  # GPU layout: the group holding the bundles (removed at shutdown)
     feeders: list[list[int]] | None = None  # (E, T) the learner ranks on each engine's GPUs; None = `sources`
 
@@ -123,7 +128,8 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024).remote(
         engine_settings(cfg, model_path), model_path, api_token=token, num_threads=threads)
     return Placement(learners=[learner], rollouts=[rollout], sources=[0],
-                     canary_tol=canary_tolerance(cfg.model, cfg.learner, gpu=False))
+                     canary_tol=canary_tolerance(cfg.model, cfg.learner, gpu=False),
+                     canary_follow=canary_follows(cfg.model, cfg.learner, gpu=False))
 
 
 def engine_bundles(world_size: int, tp_size: int) -> list[list[int]]:
@@ -178,17 +184,31 @@ def place_on_gpus(cfg: Config, model_path: str, available: int) -> Placement:
         name=f"rollout-{e}", num_cpus=0, max_concurrency=1024, **rollout_placement(engine.ray_executor, pg, bundles)
     ).remote(engine, model_path, api_token=token) for e, bundles in enumerate(feeders)]
     return Placement(learners=learners, rollouts=rollouts, sources=[f[0] for f in feeders], feeders=feeders,
-                     canary_tol=canary_tolerance(cfg.model, cfg.learner, gpu=True), placement_group=pg)
+                     canary_tol=canary_tolerance(cfg.model, cfg.learner, gpu=True),
+                     canary_follow=canary_follows(cfg.model, cfg.learner, gpu=True), placement_group=pg)
 
 
 def canary_tolerance(model: ModelConfig, learner: LearnerConfig, gpu: bool) -> float:
     """The canary's default tolerance for the job's numerics (`sync.canary_tol` overrides it): float32 on both
     sides, bf16 on both sides, or fp32 master weights under bf16 autocast against a bf16 engine. `model.dtype`
     auto is bfloat16 on a GPU and float32 on CPU."""
-    half = model.dtype in ("bfloat16", "float16") or (gpu and model.dtype == "auto")
-    if not half:
+    if not _half(model, gpu):
         return FP32_CANARY_TOL
+    if learner.lora.enabled:
+        return LORA_4BIT_CANARY_TOL if learner.lora.base_4bit else AUTOCAST_CANARY_TOL
     return AUTOCAST_CANARY_TOL if learner.fp32_master else BF16_CANARY_TOL
+
+
+def canary_follows(model: ModelConfig, learner: LearnerConfig, gpu: bool) -> bool:
+    """Whether the engines' canary logprobs must move as far as the learner's between checks (`WeightSync`'s
+    `canary_follow`): only where both compute in the same numerics. fp32 masters, and LoRA's float32 adapters merged
+    into a 16-bit engine, move in steps the engine's rounded weights may lose."""
+    return not learner.fp32_master and not (learner.lora.enabled and _half(model, gpu))
+
+
+def _half(model: ModelConfig, gpu: bool) -> bool:
+    """16-bit weights: `model.dtype` bfloat16/float16, or auto on a GPU."""
+    return model.dtype in ("bfloat16", "float16") or (gpu and model.dtype == "auto")
 
 
 def gpu_actor_env() -> dict[str, str]:
