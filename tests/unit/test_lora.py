@@ -272,3 +272,19 @@ def test_lora_learner_shares_prefixes_with_the_plain_forwards_logprobs_and_adapt
     assert set(g_plain) == set(learner.trainable_names()) == set(g_shared)
     for name, g in g_plain.items():
         torch.testing.assert_close(g_shared[name], g, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("extra, gpu, tol, follows", [
+    ([], False, "FP32_CANARY_TOL", True),  # float32 on both sides: the engine moves exactly with the learner
+    ([], True, "AUTOCAST_CANARY_TOL", False),  # float32 adapters merged into bf16 weights
+    (["learner.lora.base_4bit=true"], True, "LORA_4BIT_CANARY_TOL", False),
+])
+def test_canary_tolerance_and_follow_check_under_lora(extra, gpu, tol, follows):
+    import jobs.placement as placement
+
+    cfg = load_config(overrides=[*LORA, *extra])
+    assert placement.canary_tolerance(cfg.model, cfg.learner, gpu=gpu) == getattr(placement, tol)
+    assert placement.canary_follows(cfg.model, cfg.learner, gpu=gpu) is follows
+    full = load_config()
+    assert placement.canary_follows(full.model, full.learner, gpu=True) is True
+    assert placement.AUTOCAST_CANARY_TOL < placement.LORA_4BIT_CANARY_TOL < 3.8 / 2  # a skipped push reads ~3.8
