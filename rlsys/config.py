@@ -250,11 +250,12 @@ class LoraConfig(_Section):
     target_modules: list[str] = list(LORA_ALL_LINEAR)
     """Names of the linear layers that get an adapter (the last part of the module name, as in peft): by default
     every projection of a Qwen2/Llama block. The engine keeps a copy of these layers' base weights (the memory
-    estimate counts it): `["q_proj", "v_proj"]` keeps ~1/8 of a 7B model's, all of them nearly the whole model."""
+    estimate counts it): `["q_proj", "v_proj"]` keeps ~1/18 of a 7B model's weights (0.77 GiB), all of them 6/7."""
     base_4bit: bool = False
     """Load the learner's frozen base in 4-bit NF4 (bitsandbytes, needs CUDA; bf16 compute): about a quarter of the
     base's memory. The engine still serves the bf16 base, so the learner's logprobs differ from the engine's by the
-    quantization error (measured by the canary and `train/logp_diff_mean`; raise `sync.canary_tol` to match)."""
+    quantization error: the canary's default tolerance is then 0.5 (a first guess; `train/logp_diff_mean` and
+    tests/gpu/test_lora_gpu.py measure the mismatch; `sync.canary_tol` overrides it)."""
 
     @field_validator("target_modules")
     @classmethod

@@ -52,14 +52,15 @@ torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__versio
   tests job-sleep tests/gpu/test_vllm_job.py -k "sleep1 or sleep2"
   tests job-awake-fp32 tests/gpu/test_vllm_job.py -k "awake or fp32master"
   tests job-faults tests/gpu/test_vllm_job.py -k "push_fails"
+  tests lora tests/gpu/test_lora_gpu.py  # learner.lora: adapter pushes merged into vLLM, 4-bit base, the job
   wait
   {
     echo; echo "## Tests ($((SECONDS - t0)) s, side by side)"; echo; echo '```'
-    for f in "$W"/engine-ipc-ray.log "$W"/job-*.log; do
+    for f in "$W"/engine-ipc-ray.log "$W"/job-*.log "$W"/lora.log; do
       echo "$(basename "$f" .log): $(grep -E '(passed|failed|error)' "$f" | tail -1) $(tail -1 "$f")"
     done
     grep -h -E "^(FAILED|ERROR) " "$W"/*.log | head -20
-    grep -h "^MEASURE" "$W"/*.log | grep -E "adam8bit|canary_engine_shift|canary_logp_diff|fault" | head -40
+    grep -h "^MEASURE" "$W"/*.log | grep -E "adam8bit|canary_engine_shift|canary_logp_diff|fault|lora" | head -60
     echo '```'
   } >> "$W/summary.md"
   if [ "${BENCH:-}" != none ]; then
