@@ -163,9 +163,10 @@ class Learner:
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._reg = RegularizerConfig(entropy_coef=cfg.algo.entropy_coef, kl_coef=cfg.algo.kl_coef)
-        # the frozen initial policy of the KL penalty; None when it is off
-        self.ref_model = (load_reference(cfg.model, cfg.algo.kl_coef, self.device, self.dtype) if cfg.algo.kl_coef
-                          else None)
+        # the frozen initial policy of the KL penalty; None when it is off, and with LoRA, whose reference is the
+        # frozen base itself run with the adapters switched off (`_ref_logprobs`): no second copy of the weights
+        self.ref_model = (load_reference(cfg.model, cfg.algo.kl_coef, self.device, self.dtype)
+                          if cfg.algo.kl_coef and self.lora is None else None)
         self.rank, self.world_size = 0, 1
         self.prefix_sharing = cfg.learner.prefix_sharing and cfg.algo.name != "sft"
         if self.prefix_sharing and (why := sharing_supported(self.model)) is not None:
@@ -418,6 +419,9 @@ class Learner:
     @torch.no_grad()
     def _ref_logprobs(self, micro: list[_Row], batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """(B, T-1) logprobs of the frozen reference (None without `algo.kl_coef`): same path as the policy's."""
+        if self.cfg.algo.kl_coef and self.peft_model is not None:  # LoRA: the base is the reference
+            with self.peft_model.disable_adapter():
+                return self._token_logprobs(micro, batch, model=self.model).float()
         if self.ref_model is None:
             return None
         return self._token_logprobs(micro, batch, model=self.ref_model).float()

@@ -24,9 +24,10 @@ What is counted (bytes; P = parameters, d = bytes of the weights' dtype, T = tok
 - with `learner.lora` (rank r, A = adapter parameters = L * sum over the targeted layers of r*(in + out)): the
   learner's weights are the frozen base P*d (with `base_4bit`, the blocks' linear layers at NF4's ~0.52
   bytes/param and the rest P*d), gradients and optimizer states cover only the adapters, in float32 (peft's dtype
-  for them), the push buffers only the adapters in d; activations add, per token and layer, every targeted layer's input cast to float32 and
-  its r-wide float32 intermediate (peft's LoRA forward); the engine adds the kept base copy of the targeted layers
-  (rlsys/lora.py `LoraMerge`: their out*in parameters per layer, d bytes each);
+  for them), the push buffers only the adapters in d; activations add, per token and layer, every targeted layer's
+  input cast to float32 and its r-wide float32 intermediate (peft's LoRA forward); no KL reference copy (the base with
+  the adapters off is the reference); the engine adds the kept base copy of the targeted layers (rlsys/lora.py
+  `LoraMerge`: their out*in parameters per layer, d bytes each);
 - engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, batch_size*n_samples) sequences (never less
   than one `max_model_len` sequence, which vLLM insists on), activations of one scheduler step, CUDA graphs
   (unless `enforce_eager`), and its CUDA context (outside `gpu_memory_utilization`).
@@ -166,7 +167,9 @@ class JobShape:
                    gradient_checkpointing=cfg.model.gradient_checkpointing, mini_bs=cfg.learner.mini_bs, seq_len=seq,
                    max_model_len=r.max_model_len, engine_max_batch=r.engine_max_batch,
                    concurrency=r.batch_size * (1 if cfg.algo.name == "sft" else r.n_samples),
-                   enforce_eager=r.enforce_eager, reference_model=bool(getattr(cfg.algo, "kl_coef", 0.0)),
+                   enforce_eager=r.enforce_eager,
+                   # with LoRA the KL reference is the frozen base with the adapters off: no copy
+                   reference_model=bool(getattr(cfg.algo, "kl_coef", 0.0)) and not lora_on,
                    entropy_bonus=bool(getattr(cfg.algo, "entropy_coef", 0.0)),
                    lora_rank=lora.rank if lora_on else 0, lora_targets=tuple(lora.target_modules) if lora_on else (),
                    lora_base_4bit=bool(lora_on and lora.base_4bit))
@@ -344,8 +347,7 @@ def _lora_estimate(model: ModelShape, job: JobShape, activations: int, logits: i
         "adapter gradients": adapters * 4,
         "optimizer states": adapters * 2 if job.adam_8bit else 2 * adapters * 4,
         "weight-push buffers": adapters * d,  # only the adapters travel, cast to the engine's dtype
-        **({"reference model": p * d} if job.reference_model else {}),
-        "activations": activations,
+        "activations": activations,  # (the KL reference is the base with the adapters off: no copy)
         "logits": logits,
         "fragmentation": int(FRAGMENTATION * (activations + logits) + 0.25 * GIB),
         "CUDA context": CONTEXT_BYTES,

@@ -288,3 +288,32 @@ def test_canary_tolerance_and_follow_check_under_lora(extra, gpu, tol, follows):
     full = load_config()
     assert placement.canary_follows(full.model, full.learner, gpu=True) is True
     assert placement.AUTOCAST_CANARY_TOL < placement.LORA_4BIT_CANARY_TOL < 3.8 / 2  # a skipped push reads ~3.8
+
+
+def test_kl_reference_under_lora_is_the_base_with_the_adapters_off(tmp_path, tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    from actors.learner import _collate, _Row
+    from rlsys.memory import JobShape, ModelShape, estimate
+    from rlsys.prefix import plain_token_logprobs
+    from rlsys.types import Segment
+    from tests.conftest import job_config, make_learner
+
+    learner = make_learner(job_config(tmp_path, *LORA, "algo.kl_coef=0.1"), tiny_model_path)
+    assert learner.ref_model is None, "LoRA loaded a second copy of the base as its KL reference"
+    with torch.no_grad():
+        for p in learner.params:
+            p.normal_(0, 0.05)
+    ids = [5, 9, 17, 33, 2, 71, 8, 40]
+    rows = [_Row(Segment(ids, [0] * 4 + [1] * 4, [0.0] * 8), 1.0, 0)]
+    batch = _collate(rows, learner.pad_id, learner.device)
+    ref = learner._ref_logprobs(rows, batch)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    with torch.no_grad():
+        want = plain_token_logprobs(base, batch["input_ids"], batch["attention_mask"])
+        policy = plain_token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"])
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=0)
+    assert (policy - want).abs().max() > 1e-3, "the adapters must be switched back on after the reference"
+    shape = ModelShape(hidden=896, layers=24, heads=14, kv_heads=2, head_dim=64, intermediate=4864, vocab=151936)
+    cfg = load_config(overrides=[*LORA, "algo.kl_coef=0.1"])
+    assert "reference model" not in estimate(shape, JobShape.from_config(cfg)).learner
