@@ -118,7 +118,8 @@ def load_adapter(model: torch.nn.Module, path: str | Path, lora: Any) -> None:
     config_file, weights = path / ADAPTER_CONFIG, path / ADAPTER_WEIGHTS
     if not config_file.is_file() or not weights.is_file():
         raise CheckpointError(f"checkpoint {path}: no {ADAPTER_CONFIG} / {ADAPTER_WEIGHTS}: not a LoRA checkpoint, "
-                              "but learner.lora.enabled is set (resume a LoRA run with LoRA on, a full one with it off)")
+                              "but learner.lora.enabled is set (resume a LoRA run with LoRA on, a full one with it "
+                              "off)")
     saved = json.loads(config_file.read_text())
     want = {"r": lora.rank, "lora_alpha": lora.alpha, "target_modules": sorted(lora.target_modules)}
     have = {"r": saved.get("r"), "lora_alpha": saved.get("lora_alpha"),
@@ -185,7 +186,8 @@ class LoraMerge:
             halves.setdefault(module, {})[part] = i
         for module, parts in halves.items():
             if len(parts) != 2:
-                raise ValueError(f"LoRA push: {module} came with {sorted(parts)} only; lora_A and lora_B travel together")
+                raise ValueError(f"LoRA push: {module} came with {sorted(parts)} only; lora_A and lora_B travel "
+                                 "together")
         return [(parts["lora_A"], parts["lora_B"], module) for module, parts in halves.items()]
 
     def _target(self, module: str) -> tuple[torch.Tensor, torch.Tensor]:

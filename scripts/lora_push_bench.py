@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(bench(args))
     s = result["steady_median"]
     print(f"LoRA r={result['rank']} on {','.join(result['targets'])} of {result['model']}: "
-          f"{result['adapter_tensors']} tensors, {result['adapter_mib']:.1f} MiB; kept base {result['kept_base_mib']} MiB")
+          f"{result['adapter_tensors']} tensors, {result['adapter_mib']:.1f} MiB; "
+          f"kept base {result['kept_base_mib']} MiB")
     print(f"push median: total {s['total_ms']:.2f} ms = export {s['export_ms']:.2f} + load {s['load_ms']:.2f} "
           f"(worker {s['worker_ms']:.2f}); first push {result['first_push']['total_ms']:.1f} ms; "
           f"canary diff {result['canary_diff']:.4f}")
