@@ -3,6 +3,8 @@
 - `rlsys:tiny` (or a named variant such as `rlsys:tiny-h16`, tiny.NAMED_SIZES): the embedded tiny model,
   built once and cached (rlsys/models/tiny.py);
 - a local folder with config.json: used as is;
+- a LoRA checkpoint (a folder with adapter_config.json, `learner.lora`): base + adapter merged once into a cached
+  folder (rlsys/lora.py `ensure_merged_folder`), so `rlsys eval` and `rlsys play` take LoRA checkpoints too;
 - a `.gguf` file: dequantized once into a cached Hugging Face folder (rlsys/models/gguf.py);
 - anything else that is not a local path: a Hugging Face hub id, left to transformers (needs network).
 """
@@ -28,6 +30,10 @@ def resolve_model(ckpt: str) -> str:
         return str(ensure_tiny_model(**NAMED_SIZES[name]))
     path = Path(ckpt).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
+            from rlsys.lora import ensure_merged_folder
+
+            return str(ensure_merged_folder(path))
         if not (path / "config.json").is_file():
             raise ModelSpecError(f"model.ckpt {ckpt!r}: folder has no config.json (not a Hugging Face model folder)")
         return str(path.resolve())

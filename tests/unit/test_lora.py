@@ -317,3 +317,21 @@ def test_kl_reference_under_lora_is_the_base_with_the_adapters_off(tmp_path, tin
     shape = ModelShape(hidden=896, layers=24, heads=14, kv_heads=2, head_dim=64, intermediate=4864, vocab=151936)
     cfg = load_config(overrides=[*LORA, "algo.kl_coef=0.1"])
     assert "reference model" not in estimate(shape, JobShape.from_config(cfg)).learner
+
+
+def test_a_lora_checkpoint_as_model_ckpt_resolves_to_a_merged_folder_once(lora_learner, tmp_path, monkeypatch):
+    from rlsys.models.resolve import resolve_model
+
+    monkeypatch.setenv("RLSYS_CACHE", str(tmp_path / "cache"))
+    _, _, learner = lora_learner
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000007"
+    learner.save_state(ckpt)
+    merged = resolve_model(str(ckpt))
+    assert merged.startswith(str(tmp_path / "cache" / "models" / "lora-run-step_000007-"))
+    assert resolve_model(str(ckpt)) == merged
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [merged.rsplit("/", 1)[1]], "merged twice"
+    with torch.no_grad():
+        for p in learner.params:
+            p.add_(0.01)
+    learner.save_state(ckpt)  # another adapter in the same folder: another merge
+    assert resolve_model(str(ckpt)) != merged
