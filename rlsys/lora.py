@@ -266,10 +266,8 @@ def ensure_merged_folder(checkpoint: str | Path, cache_dir: str | Path | None = 
     starts from it): merged on first use (`export_merged`) into ${RLSYS_CACHE:-~/.cache/rlsys}/models/
     lora-<run>-<step>-<key>, the key hashing the adapter's files; staged and renamed into place (as gguf.py does)."""
     import hashlib  # noqa: PLC0415
-    import shutil  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
 
-    from rlsys.models.tiny import default_cache_root  # noqa: PLC0415
+    from rlsys.models.tiny import default_cache_root, publish_folder  # noqa: PLC0415
 
     src = Path(checkpoint).expanduser().resolve()
     digest = hashlib.sha256()
@@ -279,19 +277,7 @@ def ensure_merged_folder(checkpoint: str | Path, cache_dir: str | Path | None = 
     final = root / "models" / f"lora-{src.parent.parent.name[:32]}-{src.name[:24]}-{digest.hexdigest()[:12]}"
     if (final / "config.json").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
-    try:
-        export_merged(src, staging)
-        staging.chmod(0o755)
-        try:
-            staging.rename(final)
-        except OSError:  # another process published it first: theirs is as good as ours
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+    return publish_folder(final, lambda staging: export_merged(src, staging))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,9 +26,7 @@ import inspect
 import json
 import logging
 import os
-import shutil
 import struct
-import tempfile
 import time
 from pathlib import Path
 
@@ -61,7 +59,7 @@ def file_key(path: Path) -> str:
 
 def ensure_gguf_folder(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """The HF folder for `gguf_path`, converted on first use (atomic: staged, then renamed into place)."""
-    from rlsys.models.tiny import default_cache_root
+    from rlsys.models.tiny import default_cache_root, publish_folder
 
     src = Path(gguf_path).expanduser().resolve()
     if not src.is_file():
@@ -73,22 +71,15 @@ def ensure_gguf_folder(gguf_path: str | os.PathLike, cache_dir: str | os.PathLik
     final = root / "models" / f"gguf-{src.stem[:48]}-{file_key(src)}"
     if (final / ".rlsys-gguf").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
-    try:
+
+    def build(staging: Path) -> None:
         t0 = time.perf_counter()
         convert_gguf(src, staging)
         (staging / ".rlsys-gguf").write_text(json.dumps(
             {"source": str(src), "size": src.stat().st_size, "converter": CONVERTER_VERSION,
              "seconds": round(time.perf_counter() - t0, 1)}) + "\n")
-        staging.chmod(0o755)
-        try:
-            staging.rename(final)
-        except OSError:  # another process published it first: theirs is as good as ours
-            if not (final / ".rlsys-gguf").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    publish_folder(final, build)
     log.info("converted %s -> %s", src, final)
     return final
 

@@ -43,7 +43,7 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -490,10 +490,17 @@ def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, seed: int = 0,
     final = root / "models" / f"tiny-{cache_key(seed, **sizes)}"
     if final.is_dir():
         return final
+    return publish_folder(final, lambda staging: build_tiny_model(staging, seed=seed, **sizes))
+
+
+def publish_folder(final: Path, build: Callable[[Path], Any]) -> Path:
+    """A cache folder written atomically: ``build(staging)`` fills a temporary sibling of ``final``, which is then
+    renamed into place, so a reader never sees a half-written folder; when two processes race, the first rename
+    wins and the loser discards its copy (the tiny model, GGUF conversions, merged LoRA checkpoints)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        build_tiny_model(staging, seed=seed, **sizes)
+        build(staging)
         staging.chmod(0o755)  # mkdtemp makes it 0700; the cache folder should look like any other
         os.rename(staging, final)
     except OSError as exc:
