@@ -6,6 +6,7 @@ default tiny model's head_dim 32 is not one every vLLM attention backend serves.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -44,6 +45,22 @@ def _vllm_env():
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "token")
     yield
+
+
+@contextlib.contextmanager
+def learner_on_gpu(cfg, model_path: str):
+    """The job's `Learner` of ``cfg`` (bf16 on the GPU), its CUDA memory released afterwards."""
+    import torch
+
+    from tests.conftest import make_learner
+
+    lrn = make_learner(cfg, model_path)
+    assert lrn.device.type == "cuda" and lrn.dtype == torch.bfloat16
+    try:
+        yield lrn
+    finally:
+        del lrn
+        torch.cuda.empty_cache()
 
 
 def measure(name: str, value: float) -> None:

@@ -9,27 +9,19 @@ after a push, and the 4-bit base's logprob mismatch against vLLM's bf16 base (is
 """
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import time
 
 import pytest
 import torch
 
-from tests.gpu.conftest import measure, requires_gpu
-from tests.gpu.test_vllm_engine import canary_diff, push, sft_steps, vllm_view_of
+from tests.gpu.conftest import learner_on_gpu, measure, requires_gpu
+from tests.gpu.test_vllm_engine import canary, canary_diff, loop, push, sft_steps, vllm_view_of  # noqa: F401
 from tests.gpu.test_vllm_job import gpu_job_config, ray_gpu  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, requires_gpu, pytest.mark.timeout(600)]
 
 LORA = ["learner.lora.enabled=true", "learner.lora.rank=8", "learner.lora.alpha=16"]
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture(scope="module")
@@ -61,27 +53,16 @@ def engine(loop, gpu_tiny_path, lora_cfg):
 
 @pytest.fixture(scope="module")
 def learner(gpu_tiny_path, lora_cfg):
-    from tests.conftest import make_learner
-
-    lrn = make_learner(lora_cfg, gpu_tiny_path)
-    assert lrn.device.type == "cuda" and lrn.dtype == torch.bfloat16
-    yield lrn
-    del lrn
-    torch.cuda.empty_cache()
+    with learner_on_gpu(lora_cfg, gpu_tiny_path) as lrn:
+        yield lrn
 
 
 @pytest.fixture(scope="module")
-def canary(gpu_tiny_path):
-    from jobs.weight_sync import canary_sequence
+def tol(lora_cfg):
+    """The tolerance a LoRA job runs its canary with: float32 adapters against their bf16 merge."""
+    from jobs.placement import canary_tolerance
 
-    return canary_sequence(gpu_tiny_path)
-
-
-@pytest.fixture(scope="module")
-def tol():
-    from jobs.placement import BF16_CANARY_TOL
-
-    return BF16_CANARY_TOL
+    return canary_tolerance(lora_cfg.model, lora_cfg.learner, gpu=True)
 
 
 def expected_hf_weights(model_path: str, learner, scale: float) -> tuple[dict[str, torch.Tensor], set[str]]:

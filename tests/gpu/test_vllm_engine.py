@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from tests.gpu.conftest import measure, requires_gpu
+from tests.gpu.conftest import learner_on_gpu, measure, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu, pytest.mark.timeout(600)]
 
@@ -51,15 +51,10 @@ def engine(loop, gpu_tiny_path):
 
 @pytest.fixture(scope="module")
 def learner(gpu_tiny_path):
-    from tests.conftest import make_learner
     from rlsys.config import load_config
 
-    cfg = load_config(flags={"--ckpt": gpu_tiny_path, "--lr": "3e-3"})
-    lrn = make_learner(cfg, gpu_tiny_path)
-    assert lrn.device.type == "cuda" and lrn.dtype == torch.bfloat16
-    yield lrn
-    del lrn
-    torch.cuda.empty_cache()
+    with learner_on_gpu(load_config(flags={"--ckpt": gpu_tiny_path, "--lr": "3e-3"}), gpu_tiny_path) as lrn:
+        yield lrn
 
 
 @pytest.fixture(scope="module")
