@@ -174,7 +174,8 @@ def test_three_lora_steps_of_the_job_on_the_gpu(ray_gpu, tmp_path, gpu_tiny_path
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
 
-    run_dir = run_training(gpu_job_config(tmp_path, gpu_tiny_path, *LORA, "checkpoint.save_interval=3", lr="1e-2"))
+    run_dir = run_training(gpu_job_config(tmp_path, gpu_tiny_path, *LORA, "checkpoint.save_interval=3",
+                                          **{"--lr": "1e-2"}))
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows:
