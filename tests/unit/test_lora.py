@@ -335,3 +335,35 @@ def test_a_lora_checkpoint_as_model_ckpt_resolves_to_a_merged_folder_once(lora_l
             p.add_(0.01)
     learner.save_state(ckpt)  # another adapter in the same folder: another merge
     assert resolve_model(str(ckpt)) != merged
+
+
+def test_vllm_worker_extension_merges_an_object_store_adapter_push_into_fused_weights():
+    """actors/vllm_ext.py's LoRA branch as vLLM's worker runs it (set transport, set LoRA, load a pickled payload),
+    over the fused layout above; the extension is mixed into a stand-in worker as vLLM mixes it into its own."""
+    import pickle
+    from types import SimpleNamespace
+
+    from actors.vllm_ext import WorkerExtension
+    from rlsys.weights.buckets import BucketPacker
+    from rlsys.weights.transport import make_transport
+
+    class Worker(WorkerExtension):
+        def __init__(self) -> None:
+            self.device = torch.device("cpu")
+            self.model_runner = SimpleNamespace(model=_VllmLike())
+
+    torch.manual_seed(1)
+    worker = Worker()
+    qkv0 = worker.model_runner.model.attn.qkv_proj.weight.detach().clone()
+    transport = make_transport("object_store")
+    worker.rlsys_set_transport(pickle.dumps(transport))
+    worker.rlsys_set_lora(0.5)
+    for step in range(2):  # the second push merges from the kept base again
+        a, b = torch.randn(3, 8), torch.randn(8, 3)
+        named = [("attn.q_proj.lora_A", a), ("attn.q_proj.lora_B", b)]
+        info = worker.rlsys_load_weights(pickle.dumps(transport.export(BucketPacker.for_tensors(named).pack(named))))
+        assert info["count"] == 2 and info["path"] == "lora_merge" and info["missing"] == []
+        assert info["kept_base_mib"] == pytest.approx(8 * 8 * 4 / 2**20)  # q_proj's block of qkv_proj
+        got = pickle.loads(worker.rlsys_get_weights())["attn.qkv_proj.weight"]
+        torch.testing.assert_close(got[:8], qkv0[:8] + 0.5 * b @ a)
+        assert torch.equal(got[8:], qkv0[8:]), f"push {step}: k/v rows moved"
