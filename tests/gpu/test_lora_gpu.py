@@ -170,6 +170,29 @@ def test_four_bit_base_logprob_mismatch_against_the_bf16_engine(loop, engine, gp
     assert 0.0 < start < 1.0 and trained < 1.0, "a 4-bit base far off the bf16 engine: not a quantization error"
 
 
+def test_export_merge_of_a_lora_checkpoint_loads_in_vllm_with_the_learners_logprobs(loop, learner, canary, tol,
+                                                                                     tmp_path):
+    """Issue 27, item 2: `rlsys export --merge` writes a folder vLLM serves, scoring as the learner (base + adapter)."""
+    from rlsys.engines.vllm_engine import VLLMEngine, device_total_bytes, memory_fraction
+    from rlsys.lora import main as export_main
+
+    learner.save_state(tmp_path / "ckpt")
+    assert export_main(["--merge", str(tmp_path / "ckpt"), str(tmp_path / "merged")]) == 0
+
+    async def build():
+        return VLLMEngine(str(tmp_path / "merged"), max_batch_size=8, seed=0, dtype="bfloat16",
+                          gpu_memory_utilization=memory_fraction(4.0, device_total_bytes()), max_model_len=1024,
+                          enforce_eager=True, kv_cache_bytes=1 << 30)
+
+    merged = loop.run_until_complete(build())
+    try:
+        diff = canary_diff(loop, merged, learner, canary)
+    finally:
+        loop.run_until_complete(merged.shutdown())
+    measure("lora_export_merged_vllm_canary_diff", diff)
+    assert diff <= tol
+
+
 def test_three_lora_steps_of_the_job_on_the_gpu(ray_gpu, tmp_path, gpu_tiny_path):  # noqa: F811
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
