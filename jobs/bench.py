@@ -7,19 +7,20 @@ call overhead), push, wake, canary, and the driver/object-store remainder; token
 1 - (generation + learner compute) / step; GPU memory per phase (null on CPU). `--random-reward` scores every
 trajectory with a deterministic pseudo-random number, so a random-weight model still trains every sequence.
 
-`proxy`: the tic-tac-toe prompts (chat template with the tool, the job's sampling, `n_samples` each) (a) straight
+`proxy`: the environment's first requests (`Environment.first_request`: chat template with the tools, the job's
+sampling, `n_samples` each; meant for single-request agents such as the default environment's) (a) straight
 into the rollout actor's engine (`RolloutWorker.bench_generate`) and (b) through the whole agent path (env worker
 -> openai client -> proxy -> engine -> tool-call parser), on the same engine in one run; tokens/s of both and
 the ratio b/a. The engine follows `rollout.engine` (auto: vLLM on a GPU, transformers on CPU).
 
 `proxy-cpu`: the proxy's own CPU cost per request, with nothing else in its process: the real app and uvicorn
-with an engine that answers at once (`--new-tokens` random ids), called by the tic-tac-toe agent with the openai
+with an engine that answers at once (`--new-tokens` random ids), called by the default environment's agent with the openai
 client from this process (`--requests` at once, `--boards` distinct boards, i.e. requests/boards samples of each);
 the server process's CPU seconds per request (`time.process_time`). `--http h11` and `--render-cache 0` measure
 the proxy without httptools and without its render cache. CPU only, no Ray.
 
-`cpu-decode`: the CPU engine's generate on the main job's rollout (configs/tictactoe-tiny-gspo.toml: 8 boards x 8
-samples, the tic-tac-toe prompts, its temperature/top-p/max_new_tokens, the tiny model), with the transformers loop
+`cpu-decode`: the CPU engine's generate on the main job's rollout (configs/tictactoe-tiny-gspo.toml: 8 items x 8
+samples, its environment's first requests, its temperature/top-p/max_new_tokens, the tiny model), with the transformers loop
 (old) and rlsys/engines/cpu_decode.py (new) alternating; tokens/s of both, the ratio, and how many answers are equal.
 
 `sync`: the weight push learner -> vLLM on one GPU, without Ray in between (the learner side runs in this
@@ -48,7 +49,10 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlsys.envs.base import Environment
 
 QWEN05B_SIZES = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
                  "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True,
@@ -457,17 +461,16 @@ def compare_table(runs: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 # ------------------------------------------------------------------ proxy: direct engine vs the agent path
-def tictactoe_prompts(items: list[dict[str, Any]], tokenizer: Any) -> list[list[int]]:
-    """The prompt ids the proxy renders for the tic-tac-toe agent's request on each item."""
-    from rlsys.envs.tictactoe.agent import item_messages
-    from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, TOOL_NAME
+def first_prompts(env: Environment, items: list[dict[str, Any]], tokenizer: Any) -> list[list[int]]:
+    """The prompt ids the proxy renders for the environment's first request on each item
+    (`Environment.first_request`; ValueError where the environment does not say what it is)."""
     from rlsys.proxy.schema import ChatCompletionRequest, template_messages, template_tools
 
+    if env.first_request is None:
+        raise ValueError(f"environment {env.name!r} does not give its first request (Environment.first_request)")
     out = []
     for item in items:
-        req = ChatCompletionRequest.model_validate({
-            "model": "m", "messages": item_messages(item), "tools": [CHOOSE_SQUARE_TOOL],
-            "tool_choice": {"type": "function", "function": {"name": TOOL_NAME}}})
+        req = ChatCompletionRequest.model_validate({"model": "m", **env.first_request(item)})
         ids = tokenizer.apply_chat_template(template_messages(req), tools=template_tools(req),
                                             add_generation_prompt=True, tokenize=True, return_dict=False)
         out.append([int(i) for i in (ids["input_ids"] if isinstance(ids, dict) else ids)])
@@ -488,8 +491,10 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
 
     flags = {"--ckpt": model_ckpt(args.model, Path(args.cache))} if args.model else {}
     cfg = load_config(args.config, flags=flags, overrides=["logging.progress=false", *args.overrides])
-    if cfg.env.agent_fn != "rlsys.envs.tictactoe.agent:agent":
-        raise SystemExit(f"bench proxy renders the tic-tac-toe agent's prompts; env.agent_fn is {cfg.env.agent_fn!r}")
+    env = cfg.env.environment()
+    if env.first_request is None:
+        raise SystemExit(f"bench proxy renders the environment's first requests; {env.name} does not give them "
+                         "(Environment.first_request; another agent than the environment's has none)")
     model_path = resolve_model(cfg.model.ckpt)
     owns_ray = init_ray(cfg.cluster, "rlsys-bench-proxy")
     actors: list[Any] = []
@@ -506,8 +511,8 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
         engine_start_s = time.perf_counter() - t0
         proxy = {**info, "actor": rollout}
         r = cfg.rollout
-        items = load_items(cfg.data, cfg.algo.name, cfg.env.environment())[: r.batch_size]
-        prompts = tictactoe_prompts(items, AutoTokenizer.from_pretrained(model_path))
+        items = load_items(cfg.data, cfg.algo.name, env)[: r.batch_size]
+        prompts = first_prompts(env, items, AutoTokenizer.from_pretrained(model_path))
 
         def direct() -> dict[str, float]:
             return ray.get(rollout.bench_generate.remote(prompts, r.n_samples))
@@ -598,17 +603,20 @@ def bench_cpu_decode(args: argparse.Namespace) -> dict[str, Any]:
     from rlsys.config import load_config
     from rlsys.engines import SamplingParams
     from rlsys.engines.transformers_engine import TransformersEngine
-    from rlsys.envs.tictactoe.dataset import make_dataset
+    from jobs.items import load_items
     from rlsys.models.resolve import resolve_model
 
-    r = load_config(args.config).rollout
+    cfg = load_config(args.config)
+    r = cfg.rollout
     boards = args.boards or r.batch_size
     samples = args.samples or r.n_samples
     new_tokens = args.max_new_tokens or r.max_new_tokens
     temperature = r.temperature if args.temperature is None else args.temperature
     top_p = r.top_p if args.top_p is None else args.top_p
     model_path = resolve_model(args.model)
-    prompts = tictactoe_prompts(make_dataset(boards, seed=0), AutoTokenizer.from_pretrained(model_path))
+    env = cfg.env.environment()
+    items = load_items(cfg.data.model_copy(update={"num_items": boards, "seed": 0}), cfg.algo.name, env)[:boards]
+    prompts = first_prompts(env, items, AutoTokenizer.from_pretrained(model_path))
     threads = args.threads or r.engine_threads or max(1, os.cpu_count() or 1)  # the job's engine: 1 (rlsys/config.py)
     # batch_wait_s=0: the gathered calls are all queued before the batcher runs, so each round is one batch
     engines = {name: TransformersEngine(model_path, max_batch_size=boards * samples, batch_wait_s=0.0, seed=0,
@@ -674,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     step.add_argument("--model", help=f"{models}, or any model.ckpt value (default: the config's)")
     step.add_argument("--random-reward", action="store_true", help="score with jobs.bench:random_reward")
     step.add_argument("--run-dir", help="the job's run directory (default: a new temporary one)")
-    proxy = sub.add_parser("proxy", help="tic-tac-toe prompts: direct engine generate vs the full agent path")
+    proxy = sub.add_parser("proxy", help="the environment's prompts: direct engine generate vs the full agent path")
     proxy.add_argument("--config", help="TOML config (overrides win)")
     proxy.add_argument("--model", help=f"{models}, or any model.ckpt value (default: the config's)")
     proxy.add_argument("--rounds", type=int, default=3, help="timed (direct, agent) pairs after a warm-up")
@@ -826,15 +834,17 @@ def bench_proxy_cpu(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
     import openai
 
-    from rlsys.envs.tictactoe.agent import agent
-    from rlsys.envs.tictactoe.dataset import make_dataset
+    from rlsys.config import DataConfig
+    from rlsys.envs.base import DEFAULT_ENV, load_environment
 
     ours, theirs = mp.Pipe()
     server = mp.get_context("spawn").Process(target=_proxy_cpu_server, daemon=True,
                                              args=(theirs, args.http, args.render_cache, args.new_tokens))
     server.start()
     url = ours.recv()
-    items = make_dataset(args.boards, seed=0)
+    env = load_environment(DEFAULT_ENV)
+    agent = env.agent
+    items = env.train_items(DataConfig(num_items=args.boards, seed=0))
 
     async def rounds() -> list[dict[str, float]]:
         limits = httpx.Limits(max_connections=args.requests, max_keepalive_connections=args.requests)

@@ -47,10 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from rlsys.config import Config, ConfigError, leaf_items, load_config
+from rlsys.report import is_eval_rate, outcome_order
 
-LEGAL_OUTCOMES = ("legal_suboptimal", "optimal", "win")
-OUTCOME_ORDER = ("no_tool_call", "parse_error", "occupied", "out_of_range", *LEGAL_OUTCOMES)
-HELD_OUT_RATES = ("valid_call_rate", "legal_move_rate", "optimal_move_rate")
+LEGAL_OUTCOMES = ("legal_suboptimal", "optimal", "win")  # the `legal_move` curve: the sum of these labels' rates
 
 
 @dataclass
@@ -224,7 +223,8 @@ def legal_fraction(row: dict[str, Any]) -> float:
 def summarize(stage_dir: Path, previous_dir: Path | None, window: int = 20) -> dict[str, Any]:
     """First/last `window` steps of the stage's metrics and its held-out rates before and after."""
     rows = [r for r in read_jsonl(stage_dir / "metrics.jsonl") if isinstance(r.get("rollout/rewards_mean"), float)]
-    keys = sorted({k for r in rows for k in r if k.startswith("error/")}, key=_error_order)
+    order = outcome_order(_read_toml(stage_dir / "config.resolved.toml"))
+    keys = sorted({k for r in rows for k in r if k.startswith("error/")}, key=lambda k: _error_order(k, order))
 
     def mean(part: list[dict[str, Any]], key: str) -> float:
         vals = [float(r.get(key, 0.0)) for r in part]
@@ -241,7 +241,9 @@ def summarize(stage_dir: Path, previous_dir: Path | None, window: int = 20) -> d
     if before is None and previous_dir is not None:
         before = (read_jsonl(previous_dir / "eval.jsonl") or [None])[-1]
     after = next((e for e in reversed(evals) if e.get("tag") == "end"), None)
-    held_out = {name: (_rate(before, name), _rate(after, name)) for name in HELD_OUT_RATES}
+    rates = dict.fromkeys(k.removeprefix("eval/") for row in (after, before) if row for k in row
+                          if is_eval_rate(k) and k != "eval/rewards_mean")  # the environment's, in its order
+    held_out = {name: (_rate(before, name), _rate(after, name)) for name in rates}
     eval_cfg = _read_toml(stage_dir / "config.resolved.toml").get("eval", {})
     return {"steps": len(rows), "window": min(window, len(rows)), "curve": curve, "held_out": held_out,
             "held_out_episodes": (after or before or {}).get("eval/num_trajectories"),
@@ -252,10 +254,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return tomllib.loads(path.read_text()) if path.is_file() else {}
 
 
-def _error_order(key: str) -> tuple[int, str]:
-    """The error table in the tic-tac-toe reward's order (worst outcome first); other labels after, by name."""
+def _error_order(key: str, outcomes: tuple[str, ...]) -> tuple[int, str]:
+    """The error table in the environment's outcome order (worst first); other labels after, by name."""
     label = key.removeprefix("error/")
-    return (OUTCOME_ORDER.index(label), "") if label in OUTCOME_ORDER else (len(OUTCOME_ORDER), label)
+    return (outcomes.index(label), "") if label in outcomes else (len(outcomes), label)
 
 
 def _rate(row: dict[str, Any] | None, name: str) -> float:

@@ -7,8 +7,9 @@ Prints the estimate of the config as given, and if it does not fit (or fits with
 that look fastest within the budget: gradient checkpointing, 8-bit Adam, the micro-batch (`learner.mini_bs`,
 a divisor of the sequences per optimizer step), the engine's concurrent sequences (`rollout.engine_max_batch`,
 up to the episodes of a step) and, when the prompt length is known, a tighter `rollout.max_model_len`. Then the
-command line to use. The prompt length is measured on the tic-tac-toe prompt when the agent is the built-in one,
-or given with `--prompt-tokens`; otherwise every sequence is assumed `max_model_len` long (the worst case).
+command line to use. The prompt length is measured on the environment's requests when its agent sends one per
+episode (`Environment.first_request`), or given with `--prompt-tokens`; otherwise every sequence is assumed
+`max_model_len` long (the worst case).
 Exit status: 0 when something fits, 2 when nothing does (or the input is bad).
 """
 from __future__ import annotations
@@ -22,21 +23,20 @@ from rlsys.config import Config, add_config_args, config_from_args
 from rlsys.errors import UserInputError
 from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, suggest
 
-TICTACTOE_AGENT = "rlsys.envs.tictactoe.agent:agent"
-
-
 def measured_prompt_tokens(cfg: Config, model_path: str) -> int | None:
-    """The longest tic-tac-toe prompt (chat template + tool) over a few training boards, in the model's tokens;
-    None for other agents or datasets (their prompts are unknown here)."""
-    if cfg.env.agent_fn != TICTACTOE_AGENT or cfg.data.dataset_path or cfg.algo.name == "sft":
+    """The longest prompt (chat template + tools) over the first few training items, in the model's tokens, for an
+    environment whose agent sends one request per episode (`Environment.first_request`); None otherwise (multi-turn
+    or unknown prompts) and for SFT."""
+    env = cfg.env.environment()
+    if env.first_request is None or cfg.algo.name == "sft":
         return None
     from transformers import AutoTokenizer
 
-    from jobs.bench import tictactoe_prompts
-    from rlsys.envs.tictactoe.dataset import make_dataset
+    from jobs.bench import first_prompts
+    from jobs.items import load_items
 
-    items = make_dataset(min(cfg.data.num_items, 16), cfg.data.seed)
-    return max(len(p) for p in tictactoe_prompts(items, AutoTokenizer.from_pretrained(model_path)))
+    items = load_items(cfg.data.model_copy(update={"num_items": min(cfg.data.num_items, 16)}), cfg.algo.name, env)
+    return max(len(p) for p in first_prompts(env, items[:16], AutoTokenizer.from_pretrained(model_path)))
 
 
 def tighter_max_model_len(job: JobShape, prompt_tokens: int | None, max_new_tokens: int) -> int | None:
@@ -105,8 +105,8 @@ def _value(v) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlsys tune", description=__doc__.splitlines()[0])
     add_config_args(parser)
-    parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default: measured for the "
-                        "tic-tac-toe agent, else sequences are assumed max_model_len long)")
+    parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default: measured for a "
+                        "single-request environment, else sequences are assumed max_model_len long)")
     args = parser.parse_args(argv)
     try:
         cfg = config_from_args(args)

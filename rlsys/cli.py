@@ -35,9 +35,26 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _run_dataset(argv: list[str]) -> int:
-    from rlsys.envs.tictactoe import dataset
+    """`rlsys dataset [--env NAME] ARGS`: a built-in environment's dataset writer (`rlsys.envs.<NAME>.dataset`'s
+    `main`, ARGS its own; NAME defaults to the default environment)."""
+    import importlib
 
-    return dataset.main(argv) or 0
+    from rlsys.envs.base import DEFAULT_ENV, ENVIRONMENTS
+
+    name = DEFAULT_ENV
+    if argv[:1] == ["--env"] and len(argv) > 1:
+        name, argv = argv[1], argv[2:]
+    elif argv[:1] and argv[0].startswith("--env="):
+        name, argv = argv[0].removeprefix("--env="), argv[1:]
+    if name not in ENVIRONMENTS:
+        print(f"rlsys dataset: --env {name}: not a built-in environment ({', '.join(ENVIRONMENTS)})", file=sys.stderr)
+        return 2
+    writer = getattr(importlib.import_module(f"rlsys.envs.{name}.dataset"), "main", None)
+    if writer is None:
+        print(f"rlsys dataset: the {name} environment has no dataset writer (rlsys/envs/{name}/dataset.py)",
+              file=sys.stderr)
+        return 2
+    return writer(argv) or 0
 
 
 def _run_tiny_model(argv: list[str]) -> int:
@@ -117,10 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     p.set_defaults(handler=_cmd_config)
 
-    sub.add_parser("dataset", help="write a tic-tac-toe board dataset (JSONL); see `rlsys dataset --help`")
+    sub.add_parser("dataset", help="write an environment's dataset (JSONL): `rlsys dataset [--env NAME] --help`")
     sub.add_parser("tiny-model", help="build the small Qwen2-architecture model rlsys uses on CPU")
-    sub.add_parser("eval", help="held-out eval of a checkpoint: valid-call/legal/optimal/win rates, --perturb")
-    sub.add_parser("play", help="play tic-tac-toe against a checkpoint in the browser (127.0.0.1)")
+    sub.add_parser("eval", help="held-out eval of a checkpoint: the environment's rates and error table, --perturb")
+    sub.add_parser("play", help="play the default environment's game against a checkpoint in the browser (127.0.0.1)")
     sub.add_parser("check", help="what this machine has (Python, torch, CUDA, vLLM, Ray) and what a job would use")
     sub.add_parser("report", help="summary and PNG plots of a run directory")
     sub.add_parser("tune", help="GPU memory estimate of a config, and settings that fit a --gpu-memory-budget-gib")

@@ -68,6 +68,10 @@ class Environment:
     perturbations: Mapping[str, Perturbation] = field(default_factory=dict)
     """Held-out robustness variants (`rlsys eval --perturb`, `eval.perturb`): name -> held-out items -> the items
     that variant runs (e.g. tagged with `prompt_variant`, which the agent reads). Each is reported on its own."""
+    first_request: Callable[[dict], dict] | None = None
+    """For an agent that sends one chat completion per episode: that request's body without `model`,
+    `{"messages", "tools"[, "tool_choice"]}`. Lets `rlsys tune` measure prompt lengths and `bench proxy` render the
+    prompts itself. None: unknown outside the agent, or several turns (later ones are longer than the first)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -140,7 +144,13 @@ def load_environment(name: str) -> Environment:
 
 def resolve_environment(name: str = DEFAULT_ENV, agent_fn: str | None = None,
                         reward_fn_path: str | None = None) -> Environment:
-    """The job's environment: `name`'s, with the old agent and reward plug-ins laid over it when given."""
+    """The job's environment: `name`'s, with the old agent and reward plug-ins laid over it when given. A config
+    from before `env.name` names no environment but a built-in one's agent and reward (`rlsys.envs.gsm.agent:agent`,
+    `rlsys.envs.gsm.reward:reward`): that environment, whole."""
+    if name == DEFAULT_ENV and agent_fn and reward_fn_path:
+        owners = {spec.split(".")[2] if spec.startswith("rlsys.envs.") else None for spec in (agent_fn, reward_fn_path)}
+        if len(owners) == 1 and (owner := owners.pop()) in ENVIRONMENTS:
+            name = owner
     env = load_environment(name)
     if agent_fn is None and reward_fn_path is None:
         return env
@@ -152,13 +162,13 @@ def with_plugins(env: Environment, agent_fn: str | None, reward_fn_path: str | N
 
     A reward file brings what it defines of `outcome`, `OUTCOMES`, `validate_item`, `summarize(outcomes)` and
     `summarize_by_kind(items, outcomes)` (each absent one is absent: the environment's belong to its own reward).
-    Another agent drops the environment's perturbations (they tell its own agent what to change). A plug-in
+    Another agent drops the environment's perturbations and first request (they describe its own agent). A plug-in
     that is the environment's own function changes nothing, so a resolved config naming them runs as before."""
     changes: dict[str, Any] = {}
     if agent_fn is not None:
         agent = load_agent(agent_fn)
         if agent is not env.agent:
-            changes.update(agent=agent, perturbations={})
+            changes.update(agent=agent, perturbations={}, first_request=None)
     if reward_fn_path is not None:
         reward, outcome = load_reward(reward_fn_path)
         if reward is not env.reward:

@@ -6,7 +6,7 @@ turn as 'no_answer'. Checked whatever it wrote: every trajectory is recorded and
 rewards are in {-1, 0, 1} and equal the reward table's for the label, the loss mask is 1 exactly on the sampled
 tokens (so tool results are out of the loss), an episode has more than one turn only where every earlier turn
 was a calculate call, the step's error table lists every outcome, the learner steps, and the evaluation reports
-the env's rates. (The scripted-model checks of multi-turn episodes are in tests/unit/test_gsm_agent.py.)
+the env's rates, also under each of its perturbations. (The scripted-model checks of multi-turn episodes are in tests/unit/test_gsm_agent.py.)
 """
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ def test_gsm_job_runs_a_few_steps_on_the_tiny_model_and_evaluates(ray_local, tmp
     heldout.write_text("\n".join(lines) + "\n")
     cfg = load_config(REPO / "configs/gsm-tiny-cpu.toml",
                       flags={"--run-dir": str(tmp_path / "run"), "--max-steps": str(STEPS)},
-                      overrides=["logging.progress=false", "eval.at_end=true",
+                      overrides=["logging.progress=false", "eval.at_end=true", "eval.perturb=true",
                                  f"data.dataset_path='{REPO / 'rlsys/envs/gsm/data/train.jsonl'}'",
                                  f"data.eval_path='{heldout}'"])
-    assert cfg.env.agent_fn == "rlsys.envs.gsm.agent:agent" and cfg.rollout.n_samples * cfg.rollout.batch_size == 8
+    assert cfg.env.name == "gsm" and cfg.rollout.n_samples * cfg.rollout.batch_size == 8
     job = Job.start(cfg)
     seen: list[str] = []
     multi_turn = 0
@@ -82,3 +82,12 @@ def test_gsm_job_runs_a_few_steps_on_the_tiny_model_and_evaluates(ray_local, tmp
     for key in ("eval/accuracy", "eval/answered_rate", "eval/malformed_call_rate"):
         assert 0.0 <= evaluated[key] <= 1.0, key
     assert -1.0 <= evaluated["eval/rewards_mean"] <= 1.0
+    # eval.perturb runs the environment's own perturbations, each on the held-out problems it applies to
+    from rlsys.envs.gsm.perturb import PERTURBATIONS, perturb
+
+    items = [json.loads(line) for line in lines]
+    for kind in PERTURBATIONS:
+        applies = sum(perturb(item, kind) is not None for item in items)
+        assert evaluated[f"eval/{kind}/num_trajectories"] == applies and applies > 0, kind
+        assert evaluated[f"eval/{kind}/failed_frac"] == 0.0, kind
+        assert 0.0 <= evaluated[f"eval/{kind}/accuracy"] <= 1.0, kind

@@ -24,12 +24,7 @@ if TYPE_CHECKING:
 
 async def agent(item: dict, client: openai.AsyncOpenAI, model: str) -> dict:
     """Ask `model` (through `client`, pointed at the proxy) for a move on `item['board']`."""
-    response = await client.chat.completions.create(
-        model=model,
-        messages=item_messages(item),
-        tools=[CHOOSE_SQUARE_TOOL],
-        tool_choice={"type": "function", "function": {"name": TOOL_NAME}},
-    )
+    response = await client.chat.completions.create(model=model, **first_request(item))
     choice = response.choices[0]
     message = choice.message
     return {
@@ -40,6 +35,12 @@ async def agent(item: dict, client: openai.AsyncOpenAI, model: str) -> dict:
         ],
         "finish_reason": choice.finish_reason,
     }
+
+
+def first_request(item: dict) -> dict:
+    """The request body for `item` without the model: its chat, the tool, the forced call."""
+    return {"messages": item_messages(item), "tools": [CHOOSE_SQUARE_TOOL],
+            "tool_choice": {"type": "function", "function": {"name": TOOL_NAME}}}
 
 
 def item_messages(item: dict) -> list[dict]:

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from rlsys.envs.base import Environment, tagged
 from rlsys.envs.tictactoe import reward
-from rlsys.envs.tictactoe.agent import agent
+from rlsys.envs.tictactoe.agent import agent, first_request
 from rlsys.envs.tictactoe.dataset import make_dataset
 from rlsys.envs.tictactoe.prompt import PERTURBATIONS
 from rlsys.envs.tictactoe.sft_data import make_sft_dataset
@@ -37,4 +37,4 @@ def summarize(items: list[dict], outcomes: list[str]) -> dict[str, float]:
 ENV = Environment(
     name="tictactoe", agent=agent, reward=reward.reward, outcomes=reward.OUTCOMES, outcome=reward.outcome,
     validate_item=reward.validate_item, summarize=summarize, train_items=train_items, heldout_items=heldout_items,
-    sft_items=sft_items, perturbations={v: tagged(v) for v in PERTURBATIONS})
+    sft_items=sft_items, perturbations={v: tagged(v) for v in PERTURBATIONS}, first_request=first_request)
