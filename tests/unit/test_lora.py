@@ -367,3 +367,15 @@ def test_vllm_worker_extension_merges_an_object_store_adapter_push_into_fused_we
         got = pickle.loads(worker.rlsys_get_weights())["attn.qkv_proj.weight"]
         torch.testing.assert_close(got[:8], qkv0[:8] + 0.5 * b @ a)
         assert torch.equal(got[8:], qkv0[8:]), f"push {step}: k/v rows moved"
+
+
+def test_lora_with_gradient_checkpointing_trains_the_adapters(tmp_path, tiny_model_path):
+    from tests.conftest import job_config, make_learner
+    from tests.faults.test_learner_faults import _trajectories
+
+    learner = make_learner(job_config(tmp_path, *LORA, "model.gradient_checkpointing=true"), tiny_model_path)
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    stats = learner.train(_trajectories())
+    assert stats["train/skipped_steps"] == 0 and stats["train/grad_norm"] > 0
+    moved = {n for n, p in learner.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and moved <= set(learner.trainable_names()), "checkpointing cut the adapters' gradient"
