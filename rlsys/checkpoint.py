@@ -1,7 +1,9 @@
 """Checkpoint layout, atomic writes, rotation and the `--resume` lookup.
 
 ```
-<checkpoint_dir>/step_000100/        a Hugging Face folder (transformers and vLLM load it) plus:
+<checkpoint_dir>/step_000100/        a Hugging Face folder (transformers and vLLM load it; with learner.lora
+                                     peft's adapter_config.json + adapter_model.safetensors instead, which
+                                     `rlsys export --merge` and model.ckpt's resolver merge into one) plus:
     learner_state.pt                 optimizer (8-bit states included), scheduler, torch/python RNG
     trainer_state.json               step, data cursor, rlsys version
     config.resolved.toml
