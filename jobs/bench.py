@@ -13,15 +13,16 @@ into the rollout actor's engine (`RolloutWorker.bench_generate`) and (b) through
 -> openai client -> proxy -> engine -> tool-call parser), on the same engine in one run; tokens/s of both and
 the ratio b/a. The engine follows `rollout.engine` (auto: vLLM on a GPU, transformers on CPU).
 
-`proxy-cpu`: the proxy's own CPU cost per request, with nothing else in its process: the real app and uvicorn
-with an engine that answers at once (`--new-tokens` random ids), called by the default environment's agent with the openai
-client from this process (`--requests` at once, `--boards` distinct boards, i.e. requests/boards samples of each);
-the server process's CPU seconds per request (`time.process_time`). `--http h11` and `--render-cache 0` measure
-the proxy without httptools and without its render cache. CPU only, no Ray.
+`proxy-cpu`: the proxy's own CPU cost per request, with nothing else in its process: the real app and uvicorn with
+an engine that answers at once (`--new-tokens` random ids), called by the default environment's agent with the
+openai client from this process (`--requests` at once, `--boards` distinct boards, i.e. requests/boards samples of
+each); the server process's CPU seconds per request (`time.process_time`). `--http h11` and `--render-cache 0`
+measure the proxy without httptools and without its render cache. CPU only, no Ray.
 
 `cpu-decode`: the CPU engine's generate on the main job's rollout (configs/tictactoe-tiny-gspo.toml: 8 items x 8
-samples, its environment's first requests, its temperature/top-p/max_new_tokens, the tiny model), with the transformers loop
-(old) and rlsys/engines/cpu_decode.py (new) alternating; tokens/s of both, the ratio, and how many answers are equal.
+samples, its environment's first requests, its temperature/top-p/max_new_tokens, the tiny model), with the
+transformers loop (old) and rlsys/engines/cpu_decode.py (new) alternating; tokens/s of both, the ratio, and how many
+answers are equal.
 
 `sync`: the weight push learner -> vLLM on one GPU, without Ray in between (the learner side runs in this
 process, vLLM's engine core in its own, so the CUDA IPC crosses processes as in a job). Per push:

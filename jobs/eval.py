@@ -274,7 +274,8 @@ def format_table(report: dict[str, Any]) -> str:
     rates = [k for k in dict.fromkeys(k for v in variants for k in report["variants"][v])
              if k not in REPORT_KEYS and not k.endswith("_episodes")]
     # items of each kind, where the environment counts them (the same items in every variant)
-    kind_counts = ", ".join(f"{k.removesuffix('_episodes')} {int(x)}" for k, x in first.items() if k.endswith("_episodes"))
+    kind_counts = ", ".join(f"{k.removesuffix('_episodes')} {int(x)}" for k, x in first.items()
+                            if k.endswith("_episodes"))
     order = report.get("outcomes", [])
     labels = sorted({k for v in variants for k in report["variants"][v]["errors"]},
                     key=lambda k: (order.index(k) if k in order else len(order), k))

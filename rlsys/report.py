@@ -1,11 +1,11 @@
 """`rlsys report RUN_DIR`: a run's results at a glance, from its metrics.jsonl (and eval.jsonl), plus PNG plots.
 
-Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window`
-steps; the windows overlap on runs shorter than two windows), the policy's entropy (and KL to the reference when
-`algo.kl_coef` is set), the mean time per phase, and the held-out evaluations: the environment's rates and the
-mean reward. The error table follows the environment's outcome order (`Environment.outcomes`). Writes `RUN_DIR/plots/`: reward.png, response_len.png, loss.png,
-logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run did not log, e.g. logp_diff
-for SFT, is skipped and said so).
+Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window` steps; the
+windows overlap on runs shorter than two windows), the policy's entropy (and KL to the reference when `algo.kl_coef`
+is set), the mean time per phase, and the held-out evaluations: the environment's rates and the mean reward. The
+error table follows the environment's outcome order (`Environment.outcomes`). Writes `RUN_DIR/plots/`: reward.png,
+response_len.png, loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run
+did not log, e.g. logp_diff for SFT, is skipped and said so).
 
 Reads only files (no Ray, no TensorBoard): works on a run that is still going or was copied elsewhere.
 Values that metrics.jsonl keeps as strings ("nan", "inf") are read back as floats.

@@ -129,6 +129,15 @@ def shipped_items(path: Any, validate: Callable[[dict], None] | None = None) -> 
     return source
 
 
+def seeded_items(make: Callable[[int, int], list[dict]]) -> ItemSource:
+    """An item source from a `make(count, seed)` generator, given `data.num_items` and `data.seed`."""
+
+    def source(data: DataConfig) -> list[dict]:
+        return make(data.num_items, data.seed)
+
+    return source
+
+
 # --- finding an environment ---------------------------------------------------------------------------------
 def load_environment(name: str) -> Environment:
     """A built-in environment by name, or `package.module[:ENV]` / `path/to/file.py[:ENV]`."""

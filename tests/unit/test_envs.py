@@ -151,8 +151,8 @@ def test_plugins_naming_the_environments_own_functions_change_nothing():
 
 def test_a_config_from_before_env_name_naming_a_built_in_envs_plugins_gets_that_whole_environment():
     gsm = load_environment("gsm")
-    assert EnvConfig(agent_fn="rlsys.envs.gsm.agent:agent", reward_fn_path="rlsys.envs.gsm.reward:reward").environment() \
-        is gsm and gsm.perturbations
+    old_style = EnvConfig(agent_fn="rlsys.envs.gsm.agent:agent", reward_fn_path="rlsys.envs.gsm.reward:reward")
+    assert old_style.environment() is gsm and gsm.perturbations
     mixed = resolve_environment("tictactoe", "rlsys.envs.tictactoe.agent:agent", "rlsys.envs.gsm.reward:reward")
     assert mixed.name == "tictactoe+plugins" and mixed.outcomes == gsm.outcomes
 

@@ -2,24 +2,15 @@
 `prompt_variant`), so there are no extra evaluation perturbations."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlsys.envs.base import Environment, by_outcomes, shipped_items
+from rlsys.envs.base import Environment, by_outcomes, seeded_items, shipped_items
 from rlsys.envs.tictactoe_game import reward
 from rlsys.envs.tictactoe_game.agent import agent
 from rlsys.envs.tictactoe_game.dataset import DATA_DIR, validate_item
 from rlsys.envs.tictactoe_game.sft_data import make_sft_dataset
-
-if TYPE_CHECKING:
-    from rlsys.config import DataConfig
-
-
-def sft_items(data: DataConfig) -> list[dict]:
-    return make_sft_dataset(data.num_items, data.seed)
 
 
 ENV = Environment(
     name="tictactoe_game", agent=agent, reward=reward.reward, outcomes=reward.OUTCOMES, outcome=reward.outcome,
     validate_item=validate_item, summarize=by_outcomes(reward.summarize),
     train_items=shipped_items(DATA_DIR / "train.jsonl", validate_item),
-    heldout_items=shipped_items(DATA_DIR / "heldout.jsonl", validate_item), sft_items=sft_items)
+    heldout_items=shipped_items(DATA_DIR / "heldout.jsonl", validate_item), sft_items=seeded_items(make_sft_dataset))
