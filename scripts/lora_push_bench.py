@@ -48,7 +48,6 @@ async def bench(args: argparse.Namespace) -> dict:
     learner.open_transports([CudaIpcTransport()], args.bucket_mb << 20)
     receiver = CudaIpcTransport()
     adapters = learner._pushed()
-    nbytes = sum(t.numel() * t.element_size() for _, t in adapters)
 
     rows = []
     for _ in range(args.pushes + 1):
@@ -66,6 +65,7 @@ async def bench(args: argparse.Namespace) -> dict:
             raise RuntimeError(f"push loaded {count} tensors, sent {len(adapters)}")
         rows.append({"export_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
                      "worker_ms": engine.last_load["worker_ms"], "total_ms": (t2 - t0) * 1e3})
+    nbytes = learner._packer.total_bytes  # what travels: the adapters in the engine's dtype
     prompt, cont = canary_sequence(path)
     ref, got = learner.score(prompt, cont), await engine.score(prompt, cont)
     canary = sum(abs(a - b) for a, b in zip(ref, got)) / len(ref)
