@@ -69,7 +69,8 @@ def build_engine(cfg: EngineSettings, model_path: str, process_context: Any = No
                            max_model_len=r.max_model_len, enforce_eager=r.enforce_eager, enable_sleep_mode=True,
                            kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30),
                            tensor_parallel_size=cfg.tp_size, ray_executor=cfg.ray_executor,
-                           process_context=process_context, model_runner=r.model_runner)
+                           process_context=process_context, model_runner=r.model_runner,
+                           graph_mode=r.graph_mode)
     return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed, num_threads=r.engine_threads)
 
 

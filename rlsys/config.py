@@ -100,6 +100,13 @@ class RolloutConfig(_Section):
     `drop_rollout_state`). On CPU `auto` sleeps (nothing to free there)."""
     enforce_eager: bool = False
     """vLLM: no CUDA graphs / torch.compile (fast start, slower steady state)."""
+    graph_mode: Literal["compile", "full_decode"] = "compile"
+    """vLLM without `enforce_eager`: `compile` = vLLM's default (torch.compile of the model, piecewise CUDA graphs
+    for prefill and mixed batches, full graphs for decode; on a fresh H200 the first sample of the Qwen 0.5B job came
+    112 s after the process started, against 46 s eager with the V1 runner: docs/results.md, 2026-12-03); `full_decode` = no
+    torch.compile, full CUDA graphs of decode batches only (prefill and mixed batches run eager), which skips the
+    compile. Either way graphs are captured for batch sizes up to `engine_max_batch` only, and vLLM's, Triton's and
+    Inductor's caches live under ${RLSYS_CACHE:-~/.cache/rlsys}/compile, so a second start on a machine reuses them."""
     engine_process: Literal["forkserver", "spawn"] = "forkserver"
     """vLLM: how the engine-core process starts inside the rollout actor. `forkserver`: a fork server started
     before the actor imports vLLM imports torch and vLLM meanwhile, and the engine core is forked from it

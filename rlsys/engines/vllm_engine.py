@@ -37,6 +37,7 @@ import os
 import pickle
 import secrets
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -163,12 +164,41 @@ def set_model_runner(choice: str) -> None:
         os.environ[MODEL_RUNNER_ENV] = "1" if choice == "v2" else "0"
 
 
+COMPILE_CACHE_ENV = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+
+
+def set_compile_caches(root: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """Point vLLM's, Triton's and Inductor's caches under ``root`` (default ${RLSYS_CACHE:-~/.cache/rlsys}/compile)
+    in this process's environment, where a variable is not set already; the engine core (forked or spawned) and
+    its workers inherit it. Call before vLLM is imported. Returns the variables as set."""
+    from rlsys.models.tiny import default_cache_root  # noqa: PLC0415
+
+    base = Path(root) if root is not None else default_cache_root() / "compile"
+    for var, sub in COMPILE_CACHE_ENV.items():
+        os.environ.setdefault(var, str(base / sub))
+    return {var: os.environ[var] for var in COMPILE_CACHE_ENV}
+
+
+def compilation_config(*, enforce_eager: bool, graph_mode: str, max_batch_size: int) -> dict[str, Any] | None:
+    """vLLM's `compilation_config` for `rollout.graph_mode` (None: vLLM's defaults, as eager needs nothing).
+    Graphs are captured for batch sizes up to ``max_batch_size``, the most sequences the engine runs at once."""
+    if graph_mode not in ("compile", "full_decode"):
+        raise ValueError(f"graph_mode must be compile or full_decode, got {graph_mode!r}")
+    if enforce_eager:
+        return None
+    config: dict[str, Any] = {"max_cudagraph_capture_size": max_batch_size}
+    if graph_mode == "full_decode":
+        config.update(mode=0, cudagraph_mode="FULL_DECODE_ONLY")  # CompilationMode.NONE: no torch.compile
+    return config
+
+
 def start_engine_core_server(preload: Iterable[str] = ENGINE_CORE_PRELOAD,
                              architectures: Iterable[str] = ()) -> EngineCoreContext:
     """Start the fork server (it imports ``preload`` in the background; this returns at once). Call it before
     importing vLLM, with the environment the engine core should have (CUDA_VISIBLE_DEVICES, PYTHONPATH).
     ``architectures``: the model's (`model_architectures`), whose vLLM modules the default preload imports too;
     they reach the server in its environment, which is this process's again once it started."""
+    set_compile_caches()
     ctx = EngineCoreContext()
     ctx.set_forkserver_preload(list(preload))
     before = os.environ.get(PRELOAD_ARCHITECTURES_ENV)
@@ -316,14 +346,19 @@ class VLLMEngine(Engine):
         ray_executor: bool = False,
         process_context: multiprocessing.context.BaseContext | None = None,
         model_runner: str = "auto",
+        graph_mode: str = "compile",
     ) -> None:
         """``ray_executor``: vLLM's workers as Ray actors (`distributed_executor_backend="ray"`), in the placement
         group of the Ray actor building this engine, on the bundles of `VLLM_RAY_BUNDLE_INDICES` with
         `VLLM_RAY_PER_WORKER_GPUS` of each (jobs/placement.py sets both in the actor's environment).
         ``process_context``: where the engine-core process comes from (`start_engine_core_server`; None: spawned
         or forked as vLLM decides). ``model_runner``: `v1`, `v2` or `auto` (vLLM's choice), set in this process's
-        environment before vLLM reads it, so that its engine-core process and Ray workers inherit it."""
+        environment before vLLM reads it, so that its engine-core process and Ray workers inherit it.
+        ``graph_mode``: `rollout.graph_mode` (`compilation_config`)."""
         set_model_runner(model_runner)
+        set_compile_caches()
+        compilation = compilation_config(enforce_eager=enforce_eager, graph_mode=graph_mode,
+                                          max_batch_size=max_batch_size)
         from transformers import AutoConfig  # noqa: PLC0415
         from vllm import AsyncEngineArgs  # noqa: PLC0415
 
@@ -348,6 +383,7 @@ class VLLMEngine(Engine):
             disable_log_stats=True,
             tensor_parallel_size=tensor_parallel_size,
             distributed_executor_backend="ray" if ray_executor else None,
+            **({} if compilation is None else {"compilation_config": compilation}),
         )
         with engine_core_from(process_context):
             llm = AsyncLLM.from_engine_args(args)

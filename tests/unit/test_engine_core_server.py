@@ -158,3 +158,39 @@ def test_model_runner_choice_reaches_vllms_variable(monkeypatch):
     assert os.environ[MODEL_RUNNER_ENV] == "1"
     with pytest.raises(ValueError, match="auto, v1 or v2"):
         set_model_runner("v3")
+
+
+def test_graph_mode_builds_vllms_compilation_config():
+    from rlsys.engines.vllm_engine import compilation_config
+
+    assert compilation_config(enforce_eager=True, graph_mode="full_decode", max_batch_size=64) is None
+    # vLLM's default compile, but no graphs captured beyond the engine's concurrency
+    assert compilation_config(enforce_eager=False, graph_mode="compile", max_batch_size=64) == {
+        "max_cudagraph_capture_size": 64}
+    full = compilation_config(enforce_eager=False, graph_mode="full_decode", max_batch_size=256)
+    assert full == {"max_cudagraph_capture_size": 256, "mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    with pytest.raises(ValueError, match="compile or full_decode"):
+        compilation_config(enforce_eager=False, graph_mode="piecewise", max_batch_size=64)
+
+
+def test_compile_caches_go_under_the_rlsys_cache_unless_set(monkeypatch, tmp_path):
+    from rlsys.engines.vllm_engine import COMPILE_CACHE_ENV, set_compile_caches
+
+    for var in COMPILE_CACHE_ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RLSYS_CACHE", str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere/triton")  # a user's own setting wins
+    got = set_compile_caches()
+    assert got["VLLM_CACHE_ROOT"] == str(tmp_path / "compile" / "vllm")
+    assert got["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
+    assert got["TRITON_CACHE_DIR"] == "/elsewhere/triton"
+    assert os.environ["VLLM_CACHE_ROOT"] == got["VLLM_CACHE_ROOT"]
+
+
+def test_graph_mode_config_field_refuses_unknown_modes():
+    from rlsys.config import ConfigError, load_config
+
+    cfg = load_config(overrides=["rollout.graph_mode=full_decode"])
+    assert cfg.rollout.graph_mode == "full_decode"
+    with pytest.raises(ConfigError, match="graph_mode"):
+        load_config(overrides=["rollout.graph_mode=piecewise"])
