@@ -39,7 +39,7 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(a.ckpt, dtype=torch.float32)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     cfg = load_config()
-    items = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)  # the job's training boards
+    items = load_items(cfg.data, cfg.algo.name, cfg.env.environment())  # the job's training boards
     digit_ids = {tok.convert_tokens_to_ids(str(d)) for d in range(1, 10)}
     for b in range(a.batches):
         batch = items[b * a.boards:(b + 1) * a.boards]

@@ -28,7 +28,7 @@ CALL = '<tool_call>\n{"name": "choose_square", "arguments": {"square": %d}}\n</t
 
 def step_batch(cfg, tok, seed: int) -> list[Trajectory]:
     rng = random.Random(seed)
-    items = rng.sample(load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path), cfg.rollout.batch_size)
+    items = rng.sample(load_items(cfg.data, cfg.algo.name, cfg.env.environment()), cfg.rollout.batch_size)
     out = []
     for group, item in enumerate(items):
         text = tok.apply_chat_template(messages_for(item["board"]), tools=[CHOOSE_SQUARE_TOOL],

@@ -23,7 +23,7 @@ from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
 
 
 def step_prompts(cfg, tok, seed: int) -> list[list[int]]:
-    items = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)
+    items = load_items(cfg.data, cfg.algo.name, cfg.env.environment())
     items = random.Random(seed).sample(items, cfg.rollout.batch_size)
     out = []
     for item in items:

@@ -25,7 +25,7 @@ def main():
     torch.set_num_threads(1)
     cfg = load_config()
     # the job's held-out boards, as the in-job eval builds them
-    held = load_eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)
+    held = load_eval_items(cfg.data, cfg.algo.name, cfg.env.environment())
     for ckpt in sys.argv[1:]:
         tok = AutoTokenizer.from_pretrained(ckpt)
         model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()

@@ -52,7 +52,7 @@ def training_rows(cfg, tokenizer, count: int | None = None) -> list[dict]:
     from jobs.items import load_items
     from rlsys.envs.tictactoe.prompt import CHOOSE_SQUARE_TOOL, messages_for
 
-    items = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)[:count]
+    items = load_items(cfg.data, cfg.algo.name, cfg.env.environment())[:count]
     return [{"prompt": tokenizer.apply_chat_template(messages_for(item["board"]), tools=[CHOOSE_SQUARE_TOOL],
                                                      add_generation_prompt=True, tokenize=False), **item}
             for item in items]

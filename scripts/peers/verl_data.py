@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
-    train = load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)
-    held_out = load_eval_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)[:32]  # verl wants a val file
+    train = load_items(cfg.data, cfg.algo.name, cfg.env.environment())
+    held_out = load_eval_items(cfg.data, cfg.algo.name, cfg.env.environment())[:32]  # verl wants a val file
     for name, items in (("train", train), ("val", held_out)):
         pd.DataFrame(rows(tokenizer, items, name)).to_parquet(args.out / f"{name}.parquet")
     print(f"verl_data: {len(train)} train, {len(held_out)} val rows in {args.out}")
