@@ -2,7 +2,8 @@
 # Every GPU check of rlsys, each on its own (one failing does not hide the others), logs into $OUT.
 # On the GPU machine, after the gpu-site bundle is unpacked (docs/gpu.md, "Running the GPU checks"), from the repo root:
 #   bash tests/gpu/run_on_device.sh
-# Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-v1, machine,
+# Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-v1, startup-fulldecode,
+# bench-step-fulldecode, machine,
 # startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
 # bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
@@ -53,6 +54,8 @@ step startup-eager ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager rollou
 # ~47 Triton kernels (input preparation, sampling, logprobs) compile on an empty ~/.triton at a machine's first start
 step startup-eager-v1 ${STARTUP_S:-200} bash -c "$(startup_cmd startup-eager-v1 rollout.enforce_eager=true \
   rollout.model_runner=v1 ${STARTUP_SET:-})"
+# CUDA graphs of decode without torch.compile (`rollout.graph_mode=full_decode`): the compile's share of `startup`
+step startup-fulldecode ${STARTUP_S:-200} bash -c "$(startup_cmd startup-fulldecode rollout.graph_mode=full_decode)"
 # what a first start pays once a machine, each part on its own (after a start-up step, these are warm): the GPU's
 # persistence mode, torch's import, CUDA's initialisation, the driver's imports
 step machine ${MACHINE_S:-120} bash -c "nvidia-smi -q | grep -iE 'persistence mode|driver version|cuda version'; \
@@ -78,6 +81,10 @@ step bench-step-awake ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT $STEP
 # awake, CUDA graphs + torch.compile (the steady-state side of the start-up choice), the canary every 4th push
 step bench-step-graphs ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT $STEP_ARGS --run-dir /tmp/rlsys-bench-graphs \
   --out "$out/bench-step-graphs.json" $STEP_SET rollout.enforce_eager=false rollout.keep_awake=true sync.canary_every=4
+# the same without torch.compile: full CUDA graphs of decode only (rollout.graph_mode=full_decode)
+step bench-step-fulldecode ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT $STEP_ARGS --run-dir /tmp/rlsys-bench-fulldecode \
+  --out "$out/bench-step-fulldecode.json" $STEP_SET rollout.enforce_eager=false rollout.graph_mode=full_decode \
+  rollout.keep_awake=true sync.canary_every=4
 # direct vLLM generate vs the agent path, 16 prompts x 8 samples = 128 in flight, 128 tokens each
 step bench-proxy ${BENCH_PROXY_S:-300} python3 -m jobs.bench proxy $TTT --model qwen0.5b-random --cache $BENCH --rounds 3 \
   --env-workers ${PROXY_WORKERS:-auto,2} --out "$out/bench-proxy.json" rollout.batch_size=16 rollout.n_samples=8 rollout.max_new_tokens=128 \
@@ -89,7 +96,8 @@ step budget-1.5b ${BUDGET_S:-280} python3 -m jobs.bench step $TTT --model qwen1.
   --random-reward --run-dir /tmp/rlsys-budget --out "$out/budget-1.5b.json" rollout.gpu_memory_budget_gib=24 \
   rollout.batch_size=8 rollout.n_samples=8 rollout.max_new_tokens=64 learner.mini_bs=2 learner.adam_8bit=true \
   model.gradient_checkpointing=true rollout.max_model_len=512 rollout.enforce_eager=true logging.tensorboard=false
-for f in /tmp/rlsys-startup/metrics.jsonl /tmp/rlsys-startup-eager/metrics.jsonl /tmp/rlsys-startup-eager-spawn/metrics.jsonl; do
+for f in /tmp/rlsys-startup/metrics.jsonl /tmp/rlsys-startup-eager/metrics.jsonl /tmp/rlsys-startup-eager-spawn/metrics.jsonl \
+    /tmp/rlsys-startup-fulldecode/metrics.jsonl; do
   [ -f "$f" ] && cp "$f" "$out/$(basename "$(dirname "$f")")-metrics.jsonl"
 done
 nvidia-smi --query-gpu=memory.used --format=csv >> "$out/summary.log" 2>&1
