@@ -41,7 +41,7 @@ def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]
     """The engines' sleep level between rollout and training and why: `rollout.keep_awake` as set, or for `auto`
     awake (0) when every engine is on a GPU and vLLM's share plus the learner's estimated peak fit within
     AWAKE_DEVICE_SHARE of the device (always true under `rollout.gpu_memory_budget_gib`, which caps both)."""
-    from rlsys.memory import GIB, MemoryBudgetError, budget_split, job_estimate
+    from rlsys.memory import GIB, LORA_KEPT, MemoryBudgetError, budget_split, job_estimate
 
     r = cfg.rollout
     if r.keep_awake != "auto":
@@ -57,12 +57,15 @@ def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]
         if split is not None:
             return cfg.sleep_level(awake_fits=True), (
                 f"keep_awake auto: the {r.gpu_memory_budget_gib:g} GiB budget caps vLLM and the learner side by side")
-        learner = job_estimate(cfg, model_path).learner_bytes
+        estimate = job_estimate(cfg, model_path)
+        # learner.lora: the engine process also holds the targets' kept base copy, beside vLLM's share
+        learner, kept = estimate.learner_bytes, estimate.engine.get(LORA_KEPT, 0)
     except (MemoryBudgetError, OSError, KeyError, ValueError) as err:  # no estimate for this model: play safe
         first = str(err).splitlines()[0] if str(err) else ""
         return cfg.sleep_level(), f"keep_awake auto: no memory estimate ({type(err).__name__}: {first})"
-    need = learner + engine
+    need = learner + engine + kept
     fits = need <= AWAKE_DEVICE_SHARE * device
+    lora = f" + LoRA's kept base copy {kept / GIB:.1f} GiB" if kept else ""
     return cfg.sleep_level(awake_fits=fits), (
-        f"keep_awake auto: vLLM {engine / GIB:.1f} GiB + learner ~{learner / GIB:.1f} GiB estimated "
+        f"keep_awake auto: vLLM {engine / GIB:.1f} GiB{lora} + learner ~{learner / GIB:.1f} GiB estimated "
         f"{'within' if fits else 'over'} {AWAKE_DEVICE_SHARE:.0%} of {device / GIB:.1f} GiB")

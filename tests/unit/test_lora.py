@@ -379,3 +379,19 @@ def test_lora_with_gradient_checkpointing_trains_the_adapters(tmp_path, tiny_mod
     assert stats["train/skipped_steps"] == 0 and stats["train/grad_norm"] > 0
     moved = {n for n, p in learner.model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and moved <= set(learner.trainable_names()), "checkpointing cut the adapters' gradient"
+
+
+def test_keep_awake_auto_counts_the_engines_kept_base_copy(tmp_path):
+    from jobs.bench import QWEN7B_SIZES
+    from jobs.engine_group import AWAKE_DEVICE_SHARE, choose_sleep_level
+    from rlsys.memory import GIB, job_estimate
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", **QWEN7B_SIZES}))
+    cfg = load_config(overrides=["learner.lora.enabled=true", "rollout.engine=vllm"])
+    est = job_estimate(cfg, tmp_path)
+    kept = est.engine["kept LoRA base copy"]
+    device = 141 * GIB
+    engine = int(AWAKE_DEVICE_SHARE * device) - est.learner_bytes - kept // 2  # fits only without the copy
+    infos = [{"on_gpu": True, "device_bytes": device, "engine_bytes": engine}]
+    level, why = choose_sleep_level(cfg, str(tmp_path), infos)
+    assert level == 1 and "kept base copy" in why, why
