@@ -47,6 +47,7 @@ class EnvWorker:
         # with the old agent/reward plug-ins laid over it (rlsys/envs/base.py)
         env = resolve_environment(env_name, agent_spec, reward_spec)
         self.agent, self.reward, self.outcome = env.agent, env.reward, env.outcome
+        self.episode_metrics = env.episode_metrics
         self.agent_timeout_s = agent_timeout_s
         self.reward_timeout_s = reward_timeout_s
         self._clients: dict[tuple[str, str], Any] = {}
@@ -119,6 +120,11 @@ class EnvWorker:
             except Exception as err:  # a broken labeller must not lose a valid reward
                 traj.outcome = "unlabelled"
                 traj.info["outcome_error"] = _describe(err)
+        if self.episode_metrics is not None:
+            try:
+                traj.metrics = {str(k): float(v) for k, v in self.episode_metrics(record).items()}
+            except Exception as err:  # as for the labeller: the reward stands, the metrics are dropped
+                traj.info["episode_metrics_error"] = _describe(err)
 
     def sft_example(self, item: dict[str, Any], group: int, sample: int, model_path: str
                     ) -> tuple[Trajectory, TrajectorySummary]:

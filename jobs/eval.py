@@ -36,7 +36,7 @@ from rlsys.envs.base import DEFAULT_VARIANT, Environment
 from rlsys.errors import UserInputError
 
 EXAMPLES_PER_VARIANT = 3
-REPORT_KEYS = ("episodes", "rewards_mean", "failed_frac", "response_len_mean", "errors")  # the rest are rates
+REPORT_KEYS = ("episodes", "rewards_mean", "failed_frac", "response_len_mean", "errors", "episode")  # the rest: rates
 
 
 @dataclass
@@ -140,6 +140,9 @@ class VariantResult:
             if f"rollout/{key}" in self.rollout:
                 out[key] = self.rollout[f"rollout/{key}"]
         out["errors"] = {k.removeprefix("error/"): v for k, v in self.rollout.items() if k.startswith("error/")}
+        episode = {k.removeprefix("episode/"): v for k, v in self.rollout.items() if k.startswith("episode/")}
+        if episode:
+            out["episode"] = episode  # the environment's per-episode scalars, averaged
         return out
 
     def flat(self, prefix: str) -> dict[str, float]:
@@ -293,6 +296,12 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     for name in [*rates, "rewards_mean", "failed_frac"]:
         lines.append(f"  {name:<22}" + "".join(_cell(report["variants"][v].get(name), width) for v in variants))
+    episode = list(dict.fromkeys(k for v in variants for k in report["variants"][v].get("episode", {})))
+    if episode:
+        lines.append("  per episode (mean)")
+        for name in episode:
+            lines.append(f"    {name:<20}" + "".join(_cell(report["variants"][v].get("episode", {}).get(name), width)
+                                                for v in variants))
     lines.append("  error table (fraction of episodes)")
     for label in labels:
         lines.append(f"    {label:<20}" + "".join(_cell(report['variants'][v]['errors'].get(label, 0.0), width)

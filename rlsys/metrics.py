@@ -81,6 +81,11 @@ def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iter
         counts.setdefault(label, 0)
     for label, count in sorted(counts.items()):
         out[f"error/{label}"] = count / n if n else 0.0
+    # the environment's per-episode scalars (`Environment.episode_metrics`), each averaged over the valid
+    # episodes that report it
+    for key in sorted({k for s in valid for k in s.metrics}):
+        values = [s.metrics[key] for s in valid if key in s.metrics]
+        out[f"episode/{key}"] = sum(values) / len(values)
     return out
 
 

@@ -73,6 +73,7 @@ class Trajectory:
     prompt_from_ids: int = 0  # turns whose prompt the proxy built from the previous turn's token ids
     re_rendered: int = 0  # later turns whose prompt was a full chat-template render (history not echoed)
     truncated_turns: int = 0  # turns cut at max_tokens: the answer never ended (`algo.mask_truncated`)
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's `episode_metrics` (scalars)
 
     @property
     def response_len(self) -> int:
@@ -96,6 +97,7 @@ class TrajectorySummary:
     prompt_from_ids: int = 0
     re_rendered: int = 0
     truncated_turns: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # a few scalars per episode (`episode_metrics`)
 
     @classmethod
     def of(cls, t: Trajectory) -> "TrajectorySummary":

@@ -68,6 +68,9 @@ class Environment:
     perturbations: Mapping[str, Perturbation] = field(default_factory=dict)
     """Held-out robustness variants (`rlsys eval --perturb`, `eval.perturb`): name -> held-out items -> the items
     that variant runs (e.g. tagged with `prompt_variant`, which the agent reads). Each is reported on its own."""
+    episode_metrics: Callable[[dict], dict[str, float]] | None = None
+    """`episode_metrics(record) -> {name: float}`: a few scalars per scored episode (e.g. tool calls made), averaged
+    over a step's episodes as `episode/<name>` in the training metrics and in each evaluation variant's report."""
     first_request: Callable[[dict], dict] | None = None
     """For an agent that sends one chat completion per episode: that request's body without `model`,
     `{"messages", "tools"[, "tool_choice"]}`. Lets `rlsys tune` measure prompt lengths and `bench proxy` render the

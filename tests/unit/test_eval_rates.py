@@ -55,3 +55,35 @@ def test_format_table_prints_the_rates_in_the_environments_order_and_the_kinds_c
                         "block_rate", "other_optimal_rate", "rewards_mean", "failed_frac"]
     assert rows[-3:] == ["occupied", "win", "agent_error"]  # the environment's order, failures after
     assert not any("_episodes" in row for row in rows)
+
+
+def test_episode_metrics_are_averaged_over_valid_episodes_and_reported_per_variant():
+    from jobs.eval import VariantResult, format_table
+    from rlsys.metrics import rollout_metrics
+
+    summaries = [_summary("right"), _summary("wrong"), _summary("wrong", failed=True), _summary("no_answer")]
+    summaries[0].metrics = {"used_calculator": 1.0, "calculator_calls": 3.0}
+    summaries[1].metrics = {"used_calculator": 0.0, "calculator_calls": 0.0}
+    summaries[2].metrics = {"used_calculator": 1.0, "calculator_calls": 9.0}  # failed: not counted
+    summaries[3].metrics = {"used_calculator": 1.0}  # an episode may report fewer keys
+    m = rollout_metrics(summaries, ("right", "wrong"))
+    assert m["episode/used_calculator"] == 2 / 3 and m["episode/calculator_calls"] == 1.5
+    report = VariantResult(episodes=4, rollout=m, rates={"accuracy": 0.25}).report()
+    assert report["episode"] == {"calculator_calls": 1.5, "used_calculator": 2 / 3}
+    table = format_table({"model_path": "m", "num_items": 4, "items": "q", "samples": 1, "temperature": 0.0,
+                          "env": "gsm", "outcomes": ["wrong", "right"], "time_s": {"episodes": 1.0},
+                          "variants": {"default": report}})
+    rows = [line.split()[0] for line in table.splitlines()[5:]]
+    assert rows[:3] == ["accuracy", "rewards_mean", "failed_frac"]
+    assert rows[3:6] == ["per", "calculator_calls", "used_calculator"]
+    assert "episode/used_calculator" not in rollout_metrics([_summary("right")])
+
+
+def test_the_gsm_environment_reports_its_calculator_use_per_episode():
+    from rlsys.envs.gsm.env import ENV
+
+    calc = {"content": None, "finish_reason": "tool_calls", "tool_call_errors": [], "tool_calls": [
+        {"id": "c", "name": "calculate", "arguments": '{"expression": "3 * 4"}'}]}
+    item = {"id": "q", "split": "heldout", "template": 0, "seed": 1, "question": "?", "answer": 12}
+    record = {"item": item, "output": {"turns": [calc]}}
+    assert ENV.episode_metrics(record) == {"calculator_calls": 1.0, "calculator_errors": 0.0, "used_calculator": 1.0}

@@ -17,7 +17,7 @@ def _applies(kind: str, item: dict) -> bool:
 
 ENV = Environment(
     name="gsm", agent=agent, reward=reward.reward, outcomes=reward.OUTCOMES, outcome=reward.outcome,
-    validate_item=validate_item, summarize=by_outcomes(reward.summarize),
+    validate_item=validate_item, summarize=by_outcomes(reward.summarize), episode_metrics=reward.episode_metrics,
     train_items=shipped_items(DATA_DIR / "train.jsonl", validate_item),
     heldout_items=shipped_items(DATA_DIR / "heldout.jsonl", validate_item),
     perturbations={kind: tagged(kind, partial(_applies, kind)) for kind in PERTURBATIONS})
