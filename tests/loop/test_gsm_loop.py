@@ -30,9 +30,14 @@ def check_trajectory(t) -> str:
     out = t.info["output"]
     turns = out["turns"]
     assert t.num_turns == len(turns) >= 1 and len(turns) <= 6
-    for earlier in turns[:-1]:  # a next turn only follows calculate calls, each answered by a tool message
-        assert earlier["tool_calls"] and all(c["name"] == "calculate" for c in earlier["tool_calls"]), earlier
+    # a next turn follows calculate calls (each answered by a tool message) or, once, a text-only turn (the nudge)
+    for earlier in turns[:-1]:
+        assert all(c["name"] == "calculate" for c in earlier["tool_calls"]), earlier
+    assert sum(not turn["tool_calls"] for turn in turns[:-1]) <= 1
     assert len(out["calculations"]) >= sum(len(turn["tool_calls"]) for turn in turns[:-1])
+    calcs = out["calculations"]  # the environment's per-episode scalars, computed in the env worker
+    assert t.metrics == {"calculator_calls": float(len(calcs)), "used_calculator": float(bool(calcs)),
+                         "calculator_errors": float(sum(not c["ok"] for c in calcs))}
     sampled = [tok for s in t.segments for tok, m in zip(s.input_ids, s.loss_mask) if m]
     assert sampled == [tok for turn in turns for tok in turn["completion_ids"]], "loss mask is not on sampled ids"
     assert all(len(s.loss_mask) == len(s.input_ids) for s in t.segments)
@@ -69,6 +74,7 @@ def test_gsm_job_runs_a_few_steps_on_the_tiny_model_and_evaluates(ray_local, tmp
             metrics = rollout_metrics(summaries, job.outcome_labels)
             assert {k.removeprefix("error/") for k in metrics if k.startswith("error/")} == set(OUTCOMES)
             assert math.isclose(sum(metrics[f"error/{o}"] for o in OUTCOMES), 1.0)
+            assert metrics["episode/used_calculator"] == sum(bool(t.info["output"]["calculations"]) for t in trajs) / 8
             job.engines.sleep(level=2)
             stats = job.train(traj_refs, summaries)
             assert stats["train/skipped_steps"] == 0 and math.isfinite(stats["train/loss"]), stats
@@ -82,6 +88,7 @@ def test_gsm_job_runs_a_few_steps_on_the_tiny_model_and_evaluates(ray_local, tmp
     for key in ("eval/accuracy", "eval/answered_rate", "eval/malformed_call_rate"):
         assert 0.0 <= evaluated[key] <= 1.0, key
     assert -1.0 <= evaluated["eval/rewards_mean"] <= 1.0
+    assert 0.0 <= evaluated["eval/episode/used_calculator"] <= 1.0  # the calculator-use rate, before/after in runs
     # eval.perturb runs the environment's own perturbations, each on the held-out problems it applies to
     from rlsys.envs.gsm.perturb import PERTURBATIONS, perturb
 

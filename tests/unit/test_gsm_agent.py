@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rlsys.envs.gsm.agent import agent_with_prompt_ids
-from rlsys.envs.gsm.episode import MAX_TURNS
+from rlsys.envs.gsm.episode import MAX_TURNS, NUDGE
 from rlsys.envs.gsm.prompt import SYSTEM_PROMPT
 from rlsys.envs.gsm.reward import outcome, reward
 from tests.loop.test_multiturn import IM_END, check_recorded, run_session
@@ -75,9 +75,24 @@ def test_the_turn_cap_ends_the_episode_and_a_text_reply_is_no_answer(tokenizer):
     assert output["end"] == "too_many_turns" and rec.num_turns == MAX_TURNS and rec.segment_breaks == 0
     assert outcome({"item": ITEM, "output": output}) == "too_many_turns"
 
-    output, rec = run_session(tokenizer, [("Ann has 12 apples.", IM_END)], agent_with_prompt_ids, ITEM)
-    assert output["end"] == "no_answer" and rec.num_turns == 1
+    # a text-only turn gets the nudge once; a second one ends the episode
+    script = [("Ann has 12 apples.", IM_END), ("So 12.", IM_END)]
+    output, rec = run_session(tokenizer, script, agent_with_prompt_ids, ITEM)
+    assert output["end"] == "no_answer" and rec.num_turns == 2
     assert reward({"item": ITEM, "output": output}) == -1.0
+
+
+def test_reasoning_in_text_then_the_nudge_then_answer(tokenizer):
+    script = [("3 bags of 4 apples make 12 apples.", IM_END), (call("answer", value=12), IM_END)]
+    output, rec = run_session(tokenizer, script, agent_with_prompt_ids, ITEM)
+    assert output["end"] == "answered" and rec.num_turns == 2
+    assert outcome({"item": ITEM, "output": output}) == "right"
+    (seg,) = rec.segments
+    first_end = len(output["turns"][0]["prompt_ids"]) + len(output["turns"][0]["completion_ids"])
+    second_start = len(output["turns"][1]["prompt_ids"])
+    between = tokenizer.decode(seg.input_ids[first_end:second_start])
+    assert "<|im_start|>user\n" + NUDGE in between  # the nudge is a user message, outside the loss
+    assert seg.loss_mask[first_end:second_start] == [0] * (second_start - first_end)
 
 
 def test_a_perturbed_item_is_what_the_model_sees_and_what_the_reward_checks(tokenizer):

@@ -113,6 +113,8 @@ BAD_CALC = turn(call("calculate", {"expression": "3 apples * 4"}))
     ([turn(call("answer", {"value": 12.01}))], ("wrong", 0.0)),
     ([turn(content="The answer is 12.")], ("no_answer", -1.0)),
     ([CALC, turn(content="12")], ("no_answer", -1.0)),
+    ([turn(content="3 bags of 4 is 12."), turn(call("answer", {"value": 12}))], ("right", 1.0)),  # after the nudge
+    ([turn(content="12"), turn(content="twelve")], ("no_answer", -1.0)),
     ([], ("no_answer", -1.0)),
     ([CALC], ("no_answer", -1.0)),  # turns that stop early (e.g. the context filled up)
     ([turn(call("answer", {"value": "twelve"}))], ("malformed_call", -1.0)),

@@ -2,7 +2,8 @@
 
 Per turn (one chat completion), in order:
     a tool-call parse error, or a call attempt in plain text the proxy did not deliver     -> 'malformed_call', over
-    no tool call (text only, or cut by max_tokens)                                          -> 'no_answer', over
+    no tool call (text only, or cut by max_tokens): the first time, NUDGE goes back as a user message (the
+    model may reason in text first); the second time, or at MAX_TURNS                   -> 'no_answer', over
     the turn's calls, in order:
         a call to another tool, arguments that are not exactly {"expression": str} for calculate or
         {"value": number} for answer (a plain decimal string such as "1,250" or "3.5" counts as a number)
@@ -28,6 +29,7 @@ from rlsys.envs.tictactoe_game.turns import replay_turns
 from rlsys.proxy.toolcalls import parse_tool_calls
 
 MAX_TURNS = 6
+NUDGE = "Now call answer with the final number."
 ANSWER_TOLERANCE = 1e-6
 DECIMAL = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?$")
 
@@ -54,6 +56,7 @@ class Episode:
     end: str | None = None  # 'answered' | 'malformed_call' | 'no_answer' | 'too_many_turns'; None while running
     answer: float | None = None
     calculations: list[dict] = field(default_factory=list)  # {"expression", "result", "ok"} per calculate call
+    nudged: bool = False  # a text-only turn got NUDGE
 
     @classmethod
     def start(cls, item: dict) -> "Episode":
@@ -63,8 +66,9 @@ class Episode:
     def over(self) -> bool:
         return self.end is not None
 
-    def play_turn(self, turn: dict) -> list[tuple[str, str]] | None:
-        """Apply the model's turn: (call id, tool result text) per calculate call, or None when the episode ends."""
+    def play_turn(self, turn: dict) -> list[tuple[str | None, str]] | None:
+        """Apply the model's turn: (call id, tool result text) per calculate call, or [(None, NUDGE)] after a first
+        text-only turn (a user message), or None when the episode ends."""
         if self.over:
             raise ValueError(f"episode {self.item.get('id')!r} is over ({self.end}); no turn can follow (agent bug)")
         self.turns += 1
@@ -73,8 +77,11 @@ class Episode:
             self.end = "malformed_call"
             return None
         if not calls:
-            self.end = "no_answer"
-            return None
+            if self.nudged or self.turns >= MAX_TURNS:
+                self.end = "no_answer"
+                return None
+            self.nudged = True
+            return [(None, NUDGE)]
         results = []
         for call in calls:
             arguments = _arguments(call)

@@ -2,13 +2,15 @@
 
 Tool results are the calculator's text (calculator.py): a number, or "error: ..." for a refused expression.
 
-Why the system prompt shows the two calls written out: with a plain instruction ("work it out with the calculate
-tool, then call answer") Qwen2.5-Coder-0.5B-Instruct wrote a chain of thought in text on 6 of 6 held-out problems
-(greedy, cut at 192 tokens: every episode `no_answer`, so every GSPO group would score -1 alike), and a stricter
-instruction made it reply with the word "calculate". With the example calls, of 8 episodes (4 problems x 2 at
-temperature 1) 5 called calculate and then answer (all 5 wrong), 2 ended on a malformed call (one after three good
-calculate turns), 1 answered in prose (CPU probe with `rlsys eval --n 4 --samples 2 --temperature 1`, transformers
-engine; a smoke check, not a measurement).
+Why the system prompt reads as it does: with a plain instruction ("work it out with the calculate tool, then call
+answer") Qwen2.5-Coder-0.5B-Instruct wrote a chain of thought in text on 6 of 6 held-out problems (greedy, cut at
+192 tokens: every episode `no_answer`), and a stricter one made it reply with the word "calculate". The calls
+written out as examples fixed the format. "Reply with tool calls only" (the first version) left it no room to
+reason: on the GPU, 256 held-out problems, greedy, it was right on 4.3%, malformed 35%, out of turns 19.5%. The
+prompt now asks for short written steps with a calculate call each, and a text-only turn gets one nudge
+(episode.py, NUDGE) instead of ending the episode. On the same 24 held-out problems (CPU, transformers engine,
+greedy): right 2 -> 3, answered 0.58 -> 0.83, malformed 0.21 -> 0.12, out of turns 0.21 -> 0.04, reward
+-0.33 -> -0.04 (a probe, not the GPU measurement).
 """
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ CALCULATE, ANSWER = "calculate", "answer"
 TOOL_NAMES = (CALCULATE, ANSWER)
 
 SYSTEM_PROMPT = (
-    "Solve the math word problem with the tools. Do the arithmetic with calculate, one expression per call "
-    "(numbers, + - * / // % ** and parentheses; no units, no variables), then call answer with the final number. "
-    "Reply with tool calls only, for example\n"
+    "Solve the math word problem step by step. Write each step as a short sentence, and do its arithmetic with "
+    "the calculate tool, one expression per call (numbers, + - * / // % ** and parentheses; no units, no "
+    "variables), for example\n"
     '<tool_call>\n{"name": "calculate", "arguments": {"expression": "(12 + 3) * 4"}}\n</tool_call>\n'
-    "and once you have the result\n"
+    "When you have the final result, call answer with it:\n"
     '<tool_call>\n{"name": "answer", "arguments": {"value": 60}}\n</tool_call>'
 )
 

@@ -81,8 +81,8 @@ CONTEXT_FULL = "leaves no room to generate"
 
 async def play_tool_turns(episode: Any, messages: list[dict], client: Any, model: str, tools: list,
                           *, keep_prompt_ids: bool = False) -> tuple[list[dict], str | None]:
-    """Ask the model, let `episode.play_turn` answer its tool calls, send the results back, until `episode.over`
-    or `play_turn` returns None. Returns the turn records and "context_full" when the proxy refused a later
+    """Ask the model, let `episode.play_turn` answer its tool calls, send the results back (a result without a call
+    id as a user message: gsm's nudge after a text-only turn), until `episode.over` or `play_turn` returns None. Returns the turn records and "context_full" when the proxy refused a later
     prompt for filling the context (a first prompt that does is the caller's error and raises), else None."""
     import openai
 
@@ -100,5 +100,6 @@ async def play_tool_turns(episode: Any, messages: list[dict], client: Any, model
         if results is None:
             break
         messages.append(assistant_echo(turn))
-        messages += [tool_message(call_id, text) for call_id, text in results]
+        messages += [tool_message(call_id, text) if call_id is not None else {"role": "user", "content": text}
+                     for call_id, text in results]
     return turns, None
