@@ -362,8 +362,9 @@ class EvalConfig(_Section):
     n_samples: int = Field(1, ge=1)
     """Episodes per held-out item."""
     perturb: bool = False
-    """Also run every held-out item once per prompt perturbation of the built-in tic-tac-toe agent
-    (`item["prompt_variant"]`, see rlsys/envs/tictactoe/prompt.py); logged as `eval/<variant>/...`."""
+    """Also run the held-out items under each of the environment's perturbations (`Environment.perturbations`:
+    tic-tac-toe's prompt variants, gsm's changed numbers / names / reordered question, ...), each variant on the
+    items it applies to; logged as `eval/<variant>/...`."""
 
 
 class LoggingConfig(_Section):
