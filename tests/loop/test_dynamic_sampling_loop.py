@@ -53,7 +53,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal_and_the_cursor_resumes_a
     assert sum(r["rollout/boards_replayed"] for r in rows) >= 1, "step 1 replays a board of step 0"
     assert _cursor(run_dir, 2) == fresh, "the cursor did not advance by every fresh board sampled"
     queue = _state(run_dir, 2)["replay_queue"]
-    boards = [item["board"] for item in load_items(cfg.data, cfg.algo.name, cfg.env.reward_fn_path)]
+    boards = [item["board"] for item in load_items(cfg.data, cfg.algo.name, cfg.env.environment())]
     assert queue and not any(settled(boards[i]) for i in queue), "a settled board (no signal) was queued"
 
     # resume: the third step starts from the saved cursor, not from the start of the data
