@@ -189,13 +189,22 @@ def evaluate_held_out(env_workers: list[Any], proxies: list[dict[str, Any]], ite
 
 
 def collect_examples(traj_refs: list[Any], summaries: list[Any], episodes: list[tuple[str, dict[str, Any]]],
-                     samples: int) -> dict[str, list[dict[str, Any]]]:
-    """The first few episodes of each variant, with what the model answered (for the JSON report)."""
+                     samples: int, by_outcome: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """The first few episodes of each variant, with what the model answered (for the JSON report). ``by_outcome``:
+    instead, the first few of each outcome (a failure by its kind) of the default variant, keyed by the outcome:
+    what a person reads to see why answers fail. Pulls only the trajectories it returns."""
     import ray
+
+    from rlsys.metrics import failure_kind
 
     picked: dict[str, list[int]] = {}
     for k in range(len(traj_refs)):
         variant = episodes[k // samples][0]
+        if by_outcome:
+            if variant != DEFAULT_VARIANT:
+                continue
+            s = summaries[k]
+            variant = failure_kind(s.fail_reason) if s.failed else (s.outcome or "unlabelled")
         if len(picked.setdefault(variant, [])) < EXAMPLES_PER_VARIANT:
             picked[variant].append(k)
     flat = [k for ks in picked.values() for k in ks]

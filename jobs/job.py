@@ -7,6 +7,7 @@ rollout actor and learner sharing it with fractional `num_gpus`; without GPUs th
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ import ray
 
 from jobs.engine_group import EngineGroup, choose_sleep_level
 from jobs.episodes import DEFAULT_VARIANT, run_episodes
-from jobs.eval import eval_variants, evaluate_held_out
+from jobs.eval import collect_examples, eval_variants, evaluate_held_out
 from jobs.items import preflight
 from jobs.session import import_meanwhile, init_ray, job_namespace, wait_for_stale_actors
 from jobs.weight_sync import WeightSync, canary_sequence, route_weights
@@ -186,9 +187,11 @@ class Job:
         return self._episodes(items, self.cfg.rollout.n_samples, lambda w, p, item, g, s: w.run_episode.options(
             num_returns=2).remote(p, item, g, s, f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"), first_group)
 
-    def evaluate(self, tag: str) -> dict[str, float]:
+    def evaluate(self, tag: str, examples_path: Path | None = None) -> dict[str, float]:
         """Held-out episodes at `eval.temperature` (greedy by default) through `rlsys eval`'s path
-        (`jobs.eval.evaluate_held_out`); metrics under `eval/` (`eval/<variant>/` for `eval.perturb`'s variants)."""
+        (`jobs.eval.evaluate_held_out`); metrics under `eval/` (`eval/<variant>/` for `eval.perturb`'s variants).
+        ``examples_path``: also write a few episodes of each outcome there as JSON (`collect_examples`), the
+        model's answers that the metrics only count."""
         if not self.eval_items:
             return {}
         ray.get([r.set_temperature.remote(self.cfg.eval.temperature) for r in self.rollouts])
@@ -198,6 +201,11 @@ class Job:
                                          self.env, tag=tag, progress=self.cfg.logging.progress)
         finally:
             ray.get([r.set_temperature.remote(None) for r in self.rollouts])
+        if examples_path is not None:
+            examples = collect_examples(held_out.traj_refs, held_out.summaries, held_out.episodes,
+                                        self.cfg.eval.n_samples, by_outcome=True)
+            examples_path.parent.mkdir(parents=True, exist_ok=True)
+            examples_path.write_text(json.dumps({"tag": tag, "by_outcome": examples}, indent=1, default=str))
         metrics: dict[str, float] = {}
         for v, result in held_out.variants.items():  # the driver keeps only the summed-up metrics
             metrics.update(result.flat("eval/" if v == DEFAULT_VARIANT else f"eval/{v}/"))

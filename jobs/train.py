@@ -203,9 +203,10 @@ class StopRequest:
 
 
 def evaluate(job, logger: MetricsLogger, step: int, tag: str) -> dict[str, float]:
-    """Held-out evaluation (a config-selected phase: eval.at_start / every / at_end)."""
+    """Held-out evaluation (a config-selected phase: eval.at_start / every / at_end); a few episodes of each outcome
+    go to <run_dir>/evals/<tag>-examples.json."""
     t0 = time.perf_counter()
-    metrics = job.evaluate(tag)
+    metrics = job.evaluate(tag, Path(job.cfg.run_dir) / "evals" / f"{tag}-examples.json")
     metrics["time/eval"] = time.perf_counter() - t0
     logger.log_eval(step, tag, metrics)
     print(f"eval[{tag}] after {step} steps ({metrics['time/eval']:.1f} s): {eval_line(metrics)}", flush=True)

@@ -80,7 +80,7 @@ def test_gsm_job_runs_a_few_steps_on_the_tiny_model_and_evaluates(ray_local, tmp
             assert stats["train/skipped_steps"] == 0 and math.isfinite(stats["train/loss"]), stats
             job.weights.push()
             job.engines.wake()
-        evaluated = job.evaluate("end")
+        evaluated = job.evaluate("end", tmp_path / "evals" / "end-examples.json")
     finally:
         job.shutdown()
     print(f"gsm tiny: outcomes {json.dumps({o: seen.count(o) for o in OUTCOMES})}, {multi_turn} multi-turn episodes")
@@ -89,6 +89,12 @@ def test_gsm_job_runs_a_few_steps_on_the_tiny_model_and_evaluates(ray_local, tmp
         assert 0.0 <= evaluated[key] <= 1.0, key
     assert -1.0 <= evaluated["eval/rewards_mean"] <= 1.0
     assert 0.0 <= evaluated["eval/episode/used_calculator"] <= 1.0  # the calculator-use rate, before/after in runs
+    # a few held-out episodes of each outcome, with the model's turns, beside the counts
+    examples = json.loads((tmp_path / "evals" / "end-examples.json").read_text())["by_outcome"]
+    assert examples and set(examples) <= set(OUTCOMES)
+    assert sum(len(v) for v in examples.values()) <= EVAL_ITEMS
+    for label, episodes in examples.items():
+        assert all(e["outcome"] == label and e["output"]["turns"] for e in episodes), label
     # eval.perturb runs the environment's own perturbations, each on the held-out problems it applies to
     from rlsys.envs.gsm.perturb import PERTURBATIONS, perturb
 
