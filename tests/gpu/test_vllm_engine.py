@@ -94,8 +94,9 @@ def canary_diff(loop, engine, learner, canary) -> float:
     return sum(abs(a - b) for a, b in zip(got, ref)) / len(ref)
 
 
-def sft_steps(learner, canary, steps: int = 4) -> None:
-    """Move the learner's weights: a few optimizer steps raising the canary continuation's logprob."""
+def sft_steps(learner, canary, steps: int = 4, sign: float = 1.0) -> None:
+    """Move the learner's weights: a few optimizer steps raising the canary continuation's logprob (``sign`` -1:
+    lowering it, which keeps moving the canary after repeated raising has saturated it near 0)."""
     from rlsys.algos import token_logprobs
 
     prompt, cont = canary
@@ -104,7 +105,7 @@ def sft_steps(learner, canary, steps: int = 4) -> None:
     for _ in range(steps):
         logits = learner.model(input_ids=ids, use_cache=False).logits[:, :-1].float()
         lp = token_logprobs(logits, ids[:, 1:])[0, len(prompt) - 1 :]
-        (-lp.mean()).backward()
+        (-sign * lp.mean()).backward()
         learner.optimizer.step()
         learner.optimizer.zero_grad(set_to_none=True)
 
