@@ -281,6 +281,10 @@ class RolloutWorker:
     async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
         return await self.engine.score(prompt_ids, continuation_ids)
 
+    async def weights_fingerprint(self) -> dict[str, int] | None:
+        """What the last push wrote, as exact bit sums by tensor name (`Engine.weights_fingerprint`)."""
+        return await self.engine.weights_fingerprint()
+
     async def named_weights(self) -> dict[str, torch.Tensor]:
         """The engine's weights as CPU copies (vLLM: under vLLM's names, q/k/v and gate/up fused)."""
         fetch = getattr(self.engine, "fetch_weights", None)

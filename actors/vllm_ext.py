@@ -57,6 +57,19 @@ class WorkerExtension:
 
         self._rlsys_lora = LoraMerge(scale, VllmTargets(self._rlsys_model()).resolve)
 
+    def rlsys_fingerprint(self) -> dict | None:
+        """{HF name: exact bit sum} of what the last push wrote (rlsys/weights/fingerprint.py): the model's weights
+        through the direct-copy plan's views, or with LoRA the adapters last merged; None without a valid plan."""
+        from rlsys.weights.fingerprint import tensor_sums
+
+        lora = getattr(self, "_rlsys_lora", None)
+        if lora is not None:
+            return lora.last_sums
+        plan = getattr(self, "_rlsys_plan", None)
+        if plan is None or not plan.still_valid():
+            return None
+        return tensor_sums(zip(plan.names, plan.views))
+
     def rlsys_device(self) -> dict:
         """Where this worker's weights live: {"gpu_uuid", "node_id"} (Ray's node id; None outside Ray)."""
         from rlsys.weights.transport import gpu_uuid

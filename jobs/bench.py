@@ -140,7 +140,8 @@ async def bench_sync(args: argparse.Namespace, model_name: str) -> dict[str, Any
     from jobs.weight_sync import canary_sequence
     from rlsys.algos import token_logprobs
     from rlsys.engines.vllm_engine import VLLMEngine, device_total_bytes, memory_fraction
-    from rlsys.weights.buckets import BucketPacker
+    from rlsys.weights.buckets import BucketPacker, unpack_bucket
+    from rlsys.weights.fingerprint import differing, tensor_sums
     from rlsys.weights.transport import CudaIpcTransport, FusedPack
 
     path = model_folder(model_name, Path(args.cache))
@@ -183,11 +184,21 @@ async def bench_sync(args: argparse.Namespace, model_name: str) -> dict[str, Any
         t_load = time.perf_counter()
         if count != len(params):
             raise RuntimeError(f"push loaded {count} tensors, sent {len(params)}")
+        # the per-push check (sync.fingerprint): the learner's bit sums of the buckets, the engine's of its weights;
+        # in the job both sides run at once, here one after the other
+        sent = tensor_sums(pair for bucket in buckets for pair in unpack_bucket(bucket))
+        t_sums = time.perf_counter()
+        held = await engine.weights_fingerprint()
+        t_fingerprint = time.perf_counter()
+        if held is not None and differing(sent, held):
+            raise RuntimeError(f"fingerprint: the engine holds other bits than sent for {differing(sent, held)[:3]}")
         diff = await canary_diff() if canary else float("nan")  # no canary while the KV cache sleeps
         t_canary = time.perf_counter()
         ms = {"pack_ms": (t_pack - t) * 1e3, "handle_ms": (t_handle - t_pack) * 1e3,
               "load_ms": (t_load - t_handle) * 1e3, "worker_ms": engine.last_load.get("worker_ms", float("nan")),
-              "canary_ms": (t_canary - t_load) * 1e3, "path": engine.last_load.get("path")}
+              "fingerprint_learner_ms": (t_sums - t_load) * 1e3, "fingerprint_engine_ms": (t_fingerprint - t_sums) * 1e3,
+              "fingerprinted": held is not None, "canary_ms": (t_canary - t_fingerprint) * 1e3,
+              "path": engine.last_load.get("path")}
         ms["total_ms"] = ms["pack_ms"] + ms["handle_ms"] + ms["load_ms"]
         ms["canary_diff"] = diff
         return ms
@@ -219,13 +230,15 @@ async def bench_sync(args: argparse.Namespace, model_name: str) -> dict[str, Any
         return statistics.median(r[key] for r in rows)
 
     gib = nbytes / GIB
-    steady = {k: median(pushes, k) for k in ("pack_ms", "handle_ms", "load_ms", "worker_ms", "canary_ms", "total_ms")}
+    steady = {k: median(pushes, k) for k in ("pack_ms", "handle_ms", "load_ms", "worker_ms", "fingerprint_learner_ms",
+                                             "fingerprint_engine_ms", "canary_ms", "total_ms")}
     return {
         "model": model_name, "tensors": len(params), "bytes": nbytes, "gib": gib, "buckets": len(packer.buffers),
         "engine_start_s": engine_start_s, "enforce_eager": args.enforce_eager,
         "first_push": first, "pushes": pushes, "steady_median": steady,
         "ms_per_gib": steady["total_ms"] / gib, "gib_per_s": gib / (steady["total_ms"] / 1e3),
         "canary_diff_max": max(p["canary_diff"] for p in [first, *pushes]),
+        "fingerprinted": all(p["fingerprinted"] for p in pushes),
         "paths": sorted({p["path"] for p in pushes}),
         "sleep_wake": {lvl: {k: median(rows, k) for k in rows[0]} for lvl, rows in cycles.items()},
         "sleep_wake_runs": cycles,
@@ -243,6 +256,9 @@ def print_sync_table(r: dict[str, Any]) -> None:
               f"{row['canary_ms']:9.2f}{row['total_ms']:9.2f}")
     print(f"refit: {r['ms_per_gib']:.2f} ms/GiB, {r['gib_per_s']:.1f} GiB/s; copy path {r['paths']}; "
           f"canary max |dlogp| {r['canary_diff_max']:.3g}")
+    print(f"fingerprint (median): learner {s['fingerprint_learner_ms']:.2f} ms, engine {s['fingerprint_engine_ms']:.2f} ms"
+          f" (every push checked: {r['fingerprinted']}) against canary {s['canary_ms']:.2f} ms and push "
+          f"{s['total_ms']:.2f} ms")
     for level, m in r["sleep_wake"].items():
         print(f"{level}: sleep {m['sleep_s']:.3f} s, wake weights {m['wake_weights_s']:.3f} s, wake kv "
               f"{m['wake_kv_s']:.3f} s -> sleep+wake {m['sleep_wake_s']:.3f} s/step (push {m['push_ms']:.2f} ms, "

@@ -107,7 +107,7 @@ class Job:
         weights = WeightSync(
             learners=learners, engines=placed.rollouts, feeds=plan.feeds(), expected_count=num_params,
             canary_prompt=prompt, canary_continuation=continuation, canary_tol=cfg.sync.canary_tol or placed.canary_tol,
-            canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every,
+            canary_enabled=cfg.sync.canary, canary_every=cfg.sync.canary_every, fingerprint=cfg.sync.fingerprint,
             canary_follow=placed.canary_follow, routes=plan.routes,
         )
         data = ItemStream(items, seed=cfg.seed, shuffle=cfg.data.shuffle, replay_frac=cfg.data.signal_replay)

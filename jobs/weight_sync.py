@@ -35,6 +35,9 @@ class WeightSync:
     canary_tol: float
     canary_enabled: bool = True
     canary_every: int = 1  # check after every N-th push (the check at start always runs)
+    # after every push, the engines' bit sums of what the push wrote against the learner's of what it sent
+    # (rlsys/weights/fingerprint.py); a push an engine cannot fingerprint gets the logprob canary instead
+    fingerprint: bool = True
     # the engines must move as far as the learner between checks (`canary_movement`): only where both compute in
     # the same numerics; fp32 masters move in steps below bf16's resolution that the pushed bf16 weights round away
     canary_follow: bool = True
@@ -76,13 +79,20 @@ class WeightSync:
         return exports
 
     def check_canary(self) -> dict[str, float]:
-        """The stale-weights alarm: the engines' logprobs on a fixed sequence against the learner's (all scored at
-        once: different processes). With `sync.canary_every` N > 1, every N-th call after the first. Also reports
-        the engines' mean logprob on it and, from the second check on, `sync/canary_engine_shift`: how far the
-        pushes since the last check moved the engine that moved least (0.0 for one that kept its old weights)."""
+        """The stale-weights alarm, after every push (and once at the start). First the fingerprint (after a push,
+        with `sync.fingerprint`): each engine's exact bit sums of what the push wrote must equal the learner's of
+        what it sent, or the step fails naming the tensors that differ. Then the canary: the engines' logprobs on
+        a fixed sequence against the learner's (all scored at once: different processes), which also checks the
+        numerics the bits cannot (the engine computing from them as the learner does); with `sync.canary_every` N
+        > 1 every N-th call after the first, and whenever a push went unfingerprinted. Also reports the engines'
+        mean logprob on it and, from the second check on, `sync/canary_engine_shift`: how far the pushes since
+        the last check moved the engine that moved least (0.0 for one that kept its old weights)."""
         calls, self._canary_calls = self._canary_calls, self._canary_calls + 1
-        if not self.canary_enabled or calls % self.canary_every:
-            return {}
+        out = self._check_fingerprints() if self.fingerprint and calls else {}
+        # with the fingerprint on, a push it could not check gets the canary whether due or not
+        checked = not self.fingerprint or out.get("sync/fingerprinted") == 1.0
+        if not self.canary_enabled or (calls % self.canary_every and checked):
+            return out
         ref, *scores = ray.get([p.score.remote(self.canary_prompt, self.canary_continuation)
                                 for p in [self.learner, *self.engines]])
         worst = 0.0
@@ -95,11 +105,34 @@ class WeightSync:
                     "skipped or corrupted"
                 )
             worst = max(worst, diff)
-        out = {"sync/canary_logp_diff": worst, "sync/canary_logp_mean": sum(scores[0]) / max(len(scores[0]), 1)}
+        out.update({"sync/canary_logp_diff": worst, "sync/canary_logp_mean": sum(scores[0]) / max(len(scores[0]), 1)})
         if self._canary_last is not None:
             out.update(canary_movement(self._canary_last, ref, scores, enforce=self.canary_follow))
         self._canary_last = ref, scores
         return out
+
+    def _check_fingerprints(self) -> dict[str, float]:
+        """Every engine's bit sums against those of a learner rank that fed this push (all ranks hold the same
+        weights); raises on a difference. {"sync/fingerprinted": 1.0} when every engine was checked, else 0.0."""
+        from rlsys.weights.fingerprint import differing  # noqa: PLC0415 (rlsys.weights imports torch)
+
+        source = self.feeds[0][0][0] if self.feeds and self.feeds[0] else 0
+        ref, *held = ray.get([self.learners[source].weights_fingerprint.remote(),
+                              *[e.weights_fingerprint.remote() for e in self.engines]])
+        if ref is None:
+            return {"sync/fingerprinted": 0.0}
+        checked = 0
+        for i, sums in enumerate(held):
+            if sums is None:  # this engine cannot tell (no copy plan, tensor parallel, dropped weights)
+                continue
+            bad = differing(ref, sums)
+            if bad:
+                raise RuntimeError(
+                    f"weight fingerprint: engine {i} holds {len(bad)} of the {len(ref)} pushed tensors with other "
+                    f"bits than the learner sent, e.g. {bad[:3]}: the weight push was skipped or partly lost "
+                    "(or the engine keeps another dtype than the learner sends)")
+            checked += 1
+        return {"sync/fingerprinted": float(checked == len(held))}
 
 
 # A push moves the engine as far as the learner moved (their numerics differ, the same change lands on both), so

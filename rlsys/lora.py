@@ -150,6 +150,7 @@ class LoraMerge:
         self._resolve = resolve
         self._targets: dict[str, list] = {}  # module -> [dst view, owner parameter, owner's data_ptr, base copy]
         self._plan: tuple[tuple[str, ...], list[tuple[int, int, str]]] | None = None  # the last push's names, pairs
+        self.last_sums: dict[str, int] | None = None  # bit sums of the adapters last merged (a push's fingerprint)
 
     def kept_bytes(self) -> int:
         """Memory of the kept base copies."""
@@ -175,6 +176,9 @@ class LoraMerge:
                 torch.addmm(base, b, a, alpha=self.scale, out=dst)  # one kernel: base + scale * (B @ A)
             else:
                 dst.copy_(torch.addmm(base, b, a, alpha=self.scale))
+        from rlsys.weights.fingerprint import tensor_sums  # noqa: PLC0415
+
+        self.last_sums = tensor_sums(named)  # as received: the learner sends the engine's dtype
         return len(named)
 
     @staticmethod

@@ -123,6 +123,12 @@ class Engine(ABC):
         tensors, merged into the weights as W_base + ``scale`` B A (rlsys/lora.py `LoraMerge`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot serve LoRA adapters")
 
+    async def weights_fingerprint(self) -> dict[str, int] | None:
+        """{pushed tensor name: exact sum of its bits} over what the last push wrote (rlsys/weights/fingerprint.py),
+        compared with the learner's after every push (`WeightSync.check_canary`); None when this engine cannot tell,
+        and the logprob canary then checks that push."""
+        return None
+
     async def sleep(self, level: int = 1) -> None:
         """Free memory between rollouts: level 1 keeps weights (offloaded), level 2 drops them."""
 

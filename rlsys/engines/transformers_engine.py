@@ -276,6 +276,18 @@ class TransformersEngine(Engine):
                 self._weights_dropped = False
         return count
 
+    async def weights_fingerprint(self) -> dict[str, int] | None:
+        """The parameters' bit sums by HF name (with LoRA: the adapters last merged); None while dropped weights
+        wait for a push (the canary then reports them)."""
+        from rlsys.weights.fingerprint import tensor_sums  # noqa: PLC0415
+
+        if self._weights_dropped:
+            return None
+        if self._lora is not None:
+            return self._lora.last_sums
+        with self._model_lock:
+            return tensor_sums(self._targets.items())
+
     async def set_lora(self, scale: float) -> None:
         """From now on `load_weights` takes LoRA adapters and merges them into the HF weights they name."""
         from rlsys.lora import LoraMerge  # noqa: PLC0415

@@ -519,6 +519,16 @@ class VLLMEngine(Engine):
         self._check_open()
         await self.llm.collective_rpc("rlsys_set_lora", args=(float(scale),))
 
+    async def weights_fingerprint(self) -> dict[str, int] | None:
+        """The bit sums of what the last push wrote, by HF name (actors/vllm_ext.py `rlsys_fingerprint`: the
+        parameters' views of the direct-copy plan, or the LoRA adapters last merged); None when any worker cannot
+        tell (no plan yet or refused, tensor parallel) or the weights were dropped."""
+        self._check_open()
+        if self._weights_dropped:
+            return None
+        results = list(await self.llm.collective_rpc("rlsys_fingerprint"))
+        return results[0] if len(results) == 1 else None
+
     async def worker_devices(self) -> list[dict[str, Any]]:
         """Where each vLLM worker's weights live, in worker order: {"gpu_uuid", "node_id"} (the driver matches
         them with the learner ranks' to choose the weight transport)."""

@@ -67,6 +67,60 @@ def test_canary_catches_wrong_and_missing_engine_weights(ray_local, tmp_path, ti
         job.shutdown()
 
 
+class _EngineThatSkipsLoads:
+    """A rollout actor whose `load_weights` reports the full count without loading: a push that never landed."""
+
+    def __init__(self, handle, count: int) -> None:
+        self._handle, self._count = handle, count
+
+    @property
+    def load_weights(self):
+        import ray
+
+        count = self._count
+        return type("Remote", (), {"remote": staticmethod(lambda *payloads: ray.put(count))})
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+
+def test_the_fingerprint_fails_a_skipped_or_corrupted_push_on_its_step_between_canaries(ray_local, tmp_path,
+                                                                                          tiny_model_path):
+    import ray
+
+    from jobs.job import Job
+    from rlsys.models.tiny import create_tiny_model
+    from rlsys.weights.buckets import BucketPacker
+    from rlsys.weights.transport import ObjectStoreTransport
+
+    job = Job.start(job_config(tmp_path, "sync.canary_every=10"))  # the canary runs at the start only
+    sync = job.weights
+    try:
+        ray.get(sync.learner.train.remote(_trajectories()))
+        sync.push()
+        assert sync.check_canary() == {"sync/fingerprinted": 1.0}  # push 1 landed: bits only, no canary due
+
+        ray.get(sync.learner.train.remote(_trajectories()))  # the learner moves on ...
+        engines, sync.engines = sync.engines, [_EngineThatSkipsLoads(e, sync.expected_count) for e in sync.engines]
+        try:
+            sync.push()  # ... and the engine answers the push without loading it
+        finally:
+            sync.engines = engines
+        with pytest.raises(RuntimeError, match=r"weight fingerprint: engine 0 holds \d+ of the \d+ pushed tensors"):
+            sync.check_canary()
+
+        sync.push()  # a real push repairs it
+        assert sync.check_canary()["sync/fingerprinted"] == 1.0
+        other, _ = create_tiny_model(seed=123)  # one layer overwritten with other weights: a corrupted push
+        named = [(n, p) for n, p in other.named_parameters() if ".layers.0." in n]
+        ray.get(job.rollouts[0].load_weights.remote(
+            ObjectStoreTransport().export(BucketPacker.for_tensors(named).pack(named))))
+        with pytest.raises(RuntimeError, match=rf"holds {len(named)} of the \d+ pushed tensors .*layers\.0\."):
+            sync.check_canary()
+    finally:
+        job.shutdown()
+
+
 def test_a_trajectory_split_into_segments_counts_once(tmp_path, tiny_model_path):
     from tests.conftest import make_learner
 

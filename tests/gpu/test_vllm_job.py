@@ -85,6 +85,7 @@ def test_three_trained_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_pa
            else "fp32master" if fp32_master else "awake")
     for r in rows:
         for key in ("sync/canary_logp_diff", "sync/canary_engine_shift", "train/logp_diff_mean", "train/grad_norm",
+                    "time/canary",
                     "rollout/rewards_std", "time/sync", "time/sleep", "time/wake", "time/rollout", "time/train",
                     "perf/tokens_per_s"):
             if key in r and math.isfinite(r[key]):
@@ -97,6 +98,8 @@ def test_three_trained_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_pa
         assert r["sync/canary_logp_diff"] <= tol, (r["step"], r["sync/canary_logp_diff"], tol)
         shift = r["sync/canary_engine_shift"]
         assert shift > max(MIN_SHIFT, r["sync/canary_logp_diff"]), (r["step"], shift, r["sync/canary_logp_diff"])
+        # and its bits are the learner's: the copy plan of the first push lets the engine fingerprint every push
+        assert r.get("sync/fingerprinted") == 1.0, (r["step"], r.get("sync/fingerprinted"))
     # the stale-weights alarm: vLLM's sampling logprobs vs the learner's recomputation
     assert all(r.get("train/logp_diff_mean", 0.0) < 0.05 for r in rows), [r.get("train/logp_diff_mean") for r in rows]
     assert (run_dir / "checkpoints" / "step_000003" / "model.safetensors").is_file()
@@ -134,7 +137,8 @@ class _LearnerThatLosesABucket:
 
 
 @pytest.mark.parametrize("fault, fp32_master, error", [
-    ("skip", False, "stale-weights canary: engine 0"),
+    # the fingerprint reads the engine's stale bits (once the copy plan exists: from the first push on)
+    ("skip", False, "weight fingerprint: engine 0 holds|stale-weights canary: engine 0"),
     # the worker's direct copy refuses a short push itself; before its plan exists, the driver's count check does
     ("partial", True, r"direct copy: \d+ tensors sent, \d+ planned|engine 0 loaded \d+ tensors, the learner sent")],
     ids=["skip", "partial"])

@@ -1,4 +1,5 @@
-"""WeightSync.check_canary: how often it scores, and that a stale engine fails the step.
+"""WeightSync.check_canary: how often it scores, and that a stale engine fails the step (by its fingerprint after
+every push, by the logprob canary on the pushes it checks).
 
 Ray is replaced by plain calls here (the method's own logic is under test; tests/loop runs it through Ray)."""
 from __future__ import annotations
@@ -22,6 +23,9 @@ class _Actor:
         self.logprobs = logprobs
         self.calls: list = []
         self.score = _Method(lambda prompt, continuation: list(self.logprobs), self.calls)
+        self.sums: dict[str, int] | None = {"w": 7, "b": 3}  # weights_fingerprint's answer
+        self.fingerprint_calls: list = []
+        self.weights_fingerprint = _Method(lambda: self.sums, self.fingerprint_calls)
 
 
 def _sync(engine_logprobs: list[float], every: int) -> tuple[weight_sync.WeightSync, _Actor, _Actor]:
@@ -40,8 +44,10 @@ def _no_ray(monkeypatch):
 def test_canary_every_n_scores_the_start_and_every_nth_push():
     sync, learner, engine = _sync([-1.0, -2.0], every=3)
     results = [sync.check_canary() for _ in range(7)]  # the start, then pushes 1..6
-    assert [bool(r) for r in results] == [True, False, False, True, False, False, True]
+    assert ["sync/canary_logp_diff" in r for r in results] == [True, False, False, True, False, False, True]
     assert len(learner.calls) == len(engine.calls) == 3
+    # the fingerprint checked every push (not the start: nothing was pushed yet)
+    assert len(engine.fingerprint_calls) == 6 and all(r["sync/fingerprinted"] == 1.0 for r in results[1:])
     assert results[0] == {"sync/canary_logp_diff": 0.0, "sync/canary_logp_mean": -1.5}
     assert results[3]["sync/canary_engine_shift"] == 0.0  # nothing moved the engine between checks
 
@@ -67,13 +73,41 @@ def test_an_engine_that_stands_still_while_the_learner_moves_fails_within_the_to
     assert sync.check_canary()["sync/canary_engine_shift"] == 0.0
 
 
-def test_a_stale_engine_fails_on_a_checked_push_only():
+def test_without_the_fingerprint_a_stale_engine_fails_on_a_checked_push_only():
     sync, _, engine = _sync([-1.0, -2.0], every=2)
+    sync.fingerprint = False
     sync.check_canary()  # start: healthy
     engine.logprobs = [-1.5, -2.5]  # a push went wrong
     assert sync.check_canary() == {}  # push 1: not checked with every=2
     with pytest.raises(RuntimeError, match="stale-weights canary: engine 0 .* 0.5"):
         sync.check_canary()  # push 2
+
+
+def test_the_fingerprint_fails_the_push_that_did_not_land_between_canaries():
+    sync, learner, engine = _sync([-1.0, -2.0], every=10)
+    sync.check_canary()  # start
+    learner.sums = {"w": 8, "b": 3}  # the learner sent new weights; the engine kept its old "w"
+    with pytest.raises(RuntimeError, match=r"weight fingerprint: engine 0 holds 1 of the 2 pushed tensors .*\['w'\]"):
+        sync.check_canary()  # push 1: no canary due, the bits tell
+    engine.sums = {"w": 8, "b": 3, "lm_head.weight": 5}  # a push that landed (and a tied copy the learner omits)
+    assert sync.check_canary() == {"sync/fingerprinted": 1.0}
+    engine.sums = {"b": 3}  # a tensor the engine no longer reports counts as lost
+    with pytest.raises(RuntimeError, match=r"\['w'\]"):
+        sync.check_canary()
+
+
+def test_a_push_an_engine_cannot_fingerprint_gets_the_canary():
+    sync, learner, engine = _sync([-1.0, -2.0], every=10)
+    sync.check_canary()  # start
+    engine.sums = None  # e.g. vLLM before its copy plan exists, or tensor parallel
+    out = sync.check_canary()
+    assert out["sync/fingerprinted"] == 0.0 and "sync/canary_logp_diff" in out
+    engine.logprobs = [-1.5, -2.5]
+    with pytest.raises(RuntimeError, match="stale-weights canary"):
+        sync.check_canary()
+    learner.sums = None  # nothing exported yet on the learner's side: the canary too
+    engine.logprobs, engine.sums = [-1.0, -2.0], {"w": 7, "b": 3}
+    assert "sync/canary_logp_diff" in sync.check_canary()
 
 
 @pytest.mark.parametrize("dtype, fp32_master, gpu, expected", [
