@@ -517,6 +517,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--ckpt": ("model.ckpt", str),
     "--dataset-path": ("data.dataset_path", str),
     "--eval-path": ("data.eval_path", str),
+    "--env": ("env.name", str),
     "--reward-fn-path": ("env.reward_fn_path", str),
     "--agent-fn": ("env.agent_fn", str),
     "--world-size": ("cluster.world_size", int),

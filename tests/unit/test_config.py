@@ -64,6 +64,11 @@ def test_every_areno_flag_parses():
     assert {a for a in argv if a.startswith("--")} <= set(FLAGS)
 
 
+def test_env_flag_picks_the_environment_by_name():
+    assert _parse(["--env", "gsm"]).env.name == "gsm"
+    assert _parse(["--env", "gsm"]).env.environment().name == "gsm"
+
+
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
