@@ -195,7 +195,7 @@ def collect_examples(traj_refs: list[Any], summaries: list[Any], episodes: list[
     what a person reads to see why answers fail. Pulls only the trajectories it returns."""
     import ray
 
-    from rlsys.metrics import failure_kind
+    from rlsys.metrics import episode_label
 
     picked: dict[str, list[int]] = {}
     for k in range(len(traj_refs)):
@@ -203,8 +203,7 @@ def collect_examples(traj_refs: list[Any], summaries: list[Any], episodes: list[
         if by_outcome:
             if variant != DEFAULT_VARIANT:
                 continue
-            s = summaries[k]
-            variant = failure_kind(s.fail_reason) if s.failed else (s.outcome or "unlabelled")
+            variant = episode_label(summaries[k])
         if len(picked.setdefault(variant, [])) < EXAMPLES_PER_VARIANT:
             picked[variant].append(k)
     flat = [k for ks in picked.values() for k in ks]

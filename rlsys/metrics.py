@@ -44,6 +44,12 @@ def failure_kind(reason: str) -> str:
     return reason.split(":", 1)[0].strip() or "unknown"
 
 
+def episode_label(summary: TrajectorySummary) -> str:
+    """The row of the error table an episode counts in: its failure kind, else its outcome ("unlabelled" when the
+    environment gave none)."""
+    return failure_kind(summary.fail_reason) if summary.failed else (summary.outcome or "unlabelled")
+
+
 def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iterable[str] = ()) -> dict[str, float]:
     """Reward, length and error-table fractions of one rollout batch: of every trajectory in ``summaries``. The
     training driver passes every trajectory it sampled, the groups dynamic sampling dropped included (the
@@ -76,7 +82,7 @@ def rollout_metrics(summaries: Iterable[TrajectorySummary], outcome_labels: Iter
     out["rollout/re_rendered"] = float(sum(s.re_rendered for s in summaries))
     # answers cut at max_tokens: a growing fraction is the first sign of the length collapse (docs/results.md)
     out["rollout/truncated_frac"] = sum(s.truncated_turns > 0 for s in summaries) / n if n else 0.0
-    counts = Counter(failure_kind(s.fail_reason) if s.failed else (s.outcome or "unlabelled") for s in summaries)
+    counts = Counter(episode_label(s) for s in summaries)
     for label in outcome_labels:
         counts.setdefault(label, 0)
     for label, count in sorted(counts.items()):
