@@ -31,8 +31,9 @@ for every stage). Every stage config is resolved and validated before anything s
 
 The summary reads the report stage's `metrics.jsonl` (first and last `--window` steps: mean reward and the
 error-table fractions) and `eval.jsonl`: held-out rates "before" (the stage's `start` evaluation, or the
-previous stage's last one) and "after" (its `end` evaluation). Legal move = legal_suboptimal + optimal +
-win. Timings include Ray's start.
+previous stage's last one) and "after" (its `end` evaluation); beside the reward, the environment's headline rate
+(`Environment.headline`: the share of episodes with one of its outcomes, e.g. any legal move). Timings include
+Ray's start.
 """
 from __future__ import annotations
 
@@ -47,9 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsys.config import Config, ConfigError, leaf_items, load_config
-from rlsys.report import is_eval_rate, outcome_order
-
-LEGAL_OUTCOMES = ("legal_suboptimal", "optimal", "win")  # the `legal_move` curve: the sum of these labels' rates
+from rlsys.report import is_eval_rate, run_environment
 
 
 @dataclass
@@ -216,14 +215,26 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def legal_fraction(row: dict[str, Any]) -> float:
-    return sum(float(row.get(f"error/{o}", 0.0)) for o in LEGAL_OUTCOMES)
+def headline_fraction(row: dict[str, Any], outcomes: tuple[str, ...]) -> float:
+    """The share of a step's episodes whose outcome is one of ``outcomes`` (the sum of their error-table rates)."""
+    return sum(float(row.get(f"error/{o}", 0.0)) for o in outcomes)
+
+
+def stage_headline(stage_dir: Path) -> dict[str, Any] | None:
+    """The headline rate of the stage's environment (`Environment.headline`) as {"name", "outcomes",
+    "heldout_rate"}; None when it has none or cannot be loaded here."""
+    env = run_environment(_read_toml(stage_dir / "config.resolved.toml"))
+    if env is None or env.headline is None:
+        return None
+    return env.headline._asdict()
 
 
 def summarize(stage_dir: Path, previous_dir: Path | None, window: int = 20) -> dict[str, Any]:
     """First/last `window` steps of the stage's metrics and its held-out rates before and after."""
     rows = [r for r in read_jsonl(stage_dir / "metrics.jsonl") if isinstance(r.get("rollout/rewards_mean"), float)]
-    order = outcome_order(_read_toml(stage_dir / "config.resolved.toml"))
+    env = run_environment(_read_toml(stage_dir / "config.resolved.toml"))
+    order = env.outcomes if env is not None else ()
+    headline = stage_headline(stage_dir)
     keys = sorted({k for r in rows for k in r if k.startswith("error/")}, key=lambda k: _error_order(k, order))
 
     def mean(part: list[dict[str, Any]], key: str) -> float:
@@ -234,8 +245,10 @@ def summarize(stage_dir: Path, previous_dir: Path | None, window: int = 20) -> d
     curve = {"rewards_mean": (mean(first, "rollout/rewards_mean"), mean(last, "rollout/rewards_mean"))}
     for k in keys:
         curve[k] = (mean(first, k), mean(last, k))
-    curve["legal_move"] = (sum(map(legal_fraction, first)) / max(len(first), 1),
-                           sum(map(legal_fraction, last)) / max(len(last), 1))
+    if headline is not None:
+        labels = tuple(headline["outcomes"])
+        curve[headline["name"]] = tuple(sum(headline_fraction(r, labels) for r in part) / max(len(part), 1)
+                                        for part in (first, last))
     evals = read_jsonl(stage_dir / "eval.jsonl")
     before = next((e for e in evals if e.get("tag") == "start"), None)
     if before is None and previous_dir is not None:
@@ -246,6 +259,7 @@ def summarize(stage_dir: Path, previous_dir: Path | None, window: int = 20) -> d
     held_out = {name: (_rate(before, name), _rate(after, name)) for name in rates}
     eval_cfg = _read_toml(stage_dir / "config.resolved.toml").get("eval", {})
     return {"steps": len(rows), "window": min(window, len(rows)), "curve": curve, "held_out": held_out,
+            "headline": headline,
             "held_out_episodes": (after or before or {}).get("eval/num_trajectories"),
             "held_out_temperature": float(eval_cfg.get("temperature", 0.0))}
 
@@ -288,8 +302,8 @@ def write_summary(root: Path, summary: dict[str, Any]) -> None:
 
 
 def plot_curves(stage_dir: Path, out: Path, summary: dict[str, Any] | None = None, smooth: int = 10) -> Path:
-    """Reward and legal-move rate per step (thin: per step; thick: moving mean over `smooth` steps);
-    held-out legal-move rate before/after as dashed lines."""
+    """Reward and the environment's headline rate per step (thin: per step; thick: moving mean over `smooth`
+    steps); the held-out headline rate before/after as dashed lines. Without a headline: the reward alone."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,22 +311,30 @@ def plot_curves(stage_dir: Path, out: Path, summary: dict[str, Any] | None = Non
 
     rows = [r for r in read_jsonl(stage_dir / "metrics.jsonl") if isinstance(r.get("rollout/rewards_mean"), float)]
     steps = [r["step"] + 1 for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (title, ys) in zip(axes, (("reward (batch mean)", [r["rollout/rewards_mean"] for r in rows]),
-                                      ("legal-move rate (sampled batch)", [legal_fraction(r) for r in rows]))):
+    headline = summary.get("headline") if summary is not None else stage_headline(stage_dir)
+    panels = [("reward (batch mean)", [r["rollout/rewards_mean"] for r in rows])]
+    if headline is not None:
+        labels = tuple(headline["outcomes"])
+        panels.append((f"{headline['name'].replace('_', ' ')} rate (sampled batch)",
+                       [headline_fraction(r, labels) for r in rows]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    axes = axes[0]
+    for ax, (title, ys) in zip(axes, panels):
         ax.plot(steps, ys, lw=0.6, alpha=0.4, color="tab:blue")
         ax.plot(steps, _moving_mean(ys, smooth), lw=2, color="tab:blue", label=f"mean of {smooth} steps")
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
-    if summary is not None:
-        before, after = summary["held_out"]["legal_move_rate"]
-        for value, style, label in ((before, ":", "held-out before"), (after, "--", "held-out after")):
-            if not math.isnan(value):
-                axes[1].axhline(value, ls=style, color="tab:red", label=f"{label} {value:.2f}")
     axes[0].set_ylim(-1.05, 1.05)
-    axes[1].set_ylim(0, 1.05)
-    axes[1].legend(loc="lower right")
+    if headline is not None:
+        rate = headline.get("heldout_rate")
+        if summary is not None and rate in summary["held_out"]:
+            before, after = summary["held_out"][rate]
+            for value, style, label in ((before, ":", "held-out before"), (after, "--", "held-out after")):
+                if not math.isnan(value):
+                    axes[1].axhline(value, ls=style, color="tab:red", label=f"{label} {value:.2f}")
+        axes[1].set_ylim(0, 1.05)
+        axes[1].legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

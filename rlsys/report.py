@@ -19,7 +19,10 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlsys.envs.base import Environment
 
 PHASES = ("rollout", "sleep", "train", "sync", "wake", "canary")
 # error-table colours: failures grey/red/orange, legal moves blue to green (unknown labels: matplotlib's cycle)
@@ -192,16 +195,23 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def outcome_order(config: dict[str, Any]) -> tuple[str, ...]:
-    """The outcome labels of the run's environment (its resolved config's `[env]`), in the environment's order;
-    () where it cannot be loaded here (a plug-in file that is not on this machine): labels then sort by name."""
+def run_environment(config: dict[str, Any]) -> Environment | None:
+    """The run's environment (its resolved config's `[env]`); None where it cannot be loaded here (a plug-in file
+    that is not on this machine)."""
     from rlsys.config import EnvConfig
     from rlsys.errors import UserInputError
 
     try:
-        return EnvConfig(**config.get("env", {})).environment().outcomes
+        return EnvConfig(**config.get("env", {})).environment()
     except (UserInputError, ValueError, ImportError):
-        return ()
+        return None
+
+
+def outcome_order(config: dict[str, Any]) -> tuple[str, ...]:
+    """The outcome labels of the run's environment, in the environment's order; () where it cannot be loaded
+    here: labels then sort by name."""
+    env = run_environment(config)
+    return env.outcomes if env is not None else ()
 
 
 def _label_order(label: str, outcomes: tuple[str, ...]) -> tuple[int, str]:

@@ -2,6 +2,6 @@
 
 `from rlsys.envs import Environment` is what a user's environment file needs (docs/CONTRACTS.md, "Environments").
 """
-from rlsys.envs.base import DEFAULT_ENV, ENVIRONMENTS, Environment, load_environment, resolve_environment
+from rlsys.envs.base import DEFAULT_ENV, ENVIRONMENTS, Environment, Headline, load_environment, resolve_environment
 
-__all__ = ["DEFAULT_ENV", "ENVIRONMENTS", "Environment", "load_environment", "resolve_environment"]
+__all__ = ["DEFAULT_ENV", "ENVIRONMENTS", "Environment", "Headline", "load_environment", "resolve_environment"]

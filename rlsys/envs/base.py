@@ -17,7 +17,7 @@ import inspect
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlsys.plugins import PluginError, load_agent, load_attribute, load_reward
 
@@ -39,6 +39,14 @@ Agent = Callable[[dict, Any, str], Awaitable[Any]]  # async (item, openai.AsyncO
 ItemSource = Callable[["DataConfig"], list[dict]]  # the data section (sizes, seed) -> items
 Perturbation = Callable[[list[dict]], list[dict]]  # held-out items -> the items of that variant (may be fewer)
 Summary = Callable[[list[dict], list[str]], dict[str, float]]  # (items, outcome labels), same order -> rates
+
+
+class Headline(NamedTuple):
+    """The one success rate a run's summary follows beside the reward (`Environment.headline`)."""
+
+    name: str  # e.g. "legal_move"
+    outcomes: tuple[str, ...]  # the outcome labels that count as success in a sampled batch
+    heldout_rate: str | None = None  # the evaluation rate (`summarize`'s key) that measures it on held-out items
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,11 @@ class Environment:
     episode_metrics: Callable[[dict], dict[str, float]] | None = None
     """`episode_metrics(record) -> {name: float}`: a few scalars per scored episode (e.g. tool calls made), averaged
     over a step's episodes as `episode/<name>` in the training metrics and in each evaluation variant's report."""
+    headline: Headline | None = None
+    """The success rate `rlsys recipe`'s summary and plot follow beside the reward: in each training batch the share
+    of episodes whose outcome is one of `headline.outcomes`, and on held-out items the evaluation rate
+    `headline.heldout_rate` (e.g. legal moves, `legal_move_rate`; math problems: right answers, `right_rate`).
+    None: the summary follows the reward and the error table only."""
     first_request: Callable[[dict], dict] | None = None
     """For an agent that sends one chat completion per episode: that request's body without `model`,
     `{"messages", "tools"[, "tool_choice"]}`. Lets `rlsys tune` measure prompt lengths and `bench proxy` render the
@@ -88,6 +101,9 @@ class Environment:
                              "perturbation name")
         if len(set(self.outcomes)) != len(self.outcomes):
             raise ValueError(f"Environment {self.name!r}: outcomes repeat a label: {self.outcomes}")
+        if self.headline is not None and not set(self.headline.outcomes) <= set(self.outcomes):
+            raise ValueError(f"Environment {self.name!r}: headline {self.headline.name!r} counts outcomes "
+                             f"{sorted(set(self.headline.outcomes) - set(self.outcomes))} that `outcomes` does not list")
 
     def rates(self, items: list[dict], outcomes: list[str]) -> dict[str, float]:
         """`summarize(items, outcomes)` as floats; {} without a summary."""
@@ -174,19 +190,21 @@ def with_plugins(env: Environment, agent_fn: str | None, reward_fn_path: str | N
 
     A reward file brings what it defines of `outcome`, `OUTCOMES`, `validate_item`, `summarize(outcomes)` and
     `summarize_by_kind(items, outcomes)` (each absent one is absent: the environment's belong to its own reward).
-    Another agent drops the environment's perturbations and first request (they describe its own agent). A plug-in
+    Another agent drops the environment's perturbations, first request and episode metrics (they describe its own
+    agent and the records it returns). A plug-in
     that is the environment's own function changes nothing, so a resolved config naming them runs as before."""
     changes: dict[str, Any] = {}
     if agent_fn is not None:
         agent = load_agent(agent_fn)
         if agent is not env.agent:
-            changes.update(agent=agent, perturbations={}, first_request=None)
+            changes.update(agent=agent, perturbations={}, first_request=None, episode_metrics=None)
     if reward_fn_path is not None:
         reward, outcome = load_reward(reward_fn_path)
         if reward is not env.reward:
             module = sys.modules.get(reward.__module__)
             changes.update(reward=reward, outcome=outcome, outcomes=tuple(getattr(module, "OUTCOMES", ())),
-                           validate_item=getattr(module, "validate_item", None), summarize=_module_summary(module))
+                           validate_item=getattr(module, "validate_item", None), summarize=_module_summary(module),
+                           headline=None)
     if not changes:
         return env
     return replace(env, name=f"{env.name}+plugins", **changes)

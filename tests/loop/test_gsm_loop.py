@@ -85,7 +85,7 @@ def test_gsm_job_runs_a_few_steps_on_the_tiny_model_and_evaluates(ray_local, tmp
         job.shutdown()
     print(f"gsm tiny: outcomes {json.dumps({o: seen.count(o) for o in OUTCOMES})}, {multi_turn} multi-turn episodes")
     assert evaluated["eval/num_trajectories"] == EVAL_ITEMS and evaluated["eval/failed_frac"] == 0.0
-    for key in ("eval/accuracy", "eval/answered_rate", "eval/malformed_call_rate"):
+    for key in ("eval/right_rate", "eval/answered_rate", "eval/malformed_call_rate"):
         assert 0.0 <= evaluated[key] <= 1.0, key
     assert -1.0 <= evaluated["eval/rewards_mean"] <= 1.0
     assert 0.0 <= evaluated["eval/episode/used_calculator"] <= 1.0  # the calculator-use rate, before/after in runs
@@ -103,4 +103,4 @@ def test_gsm_job_runs_a_few_steps_on_the_tiny_model_and_evaluates(ray_local, tmp
         applies = sum(perturb(item, kind) is not None for item in items)
         assert evaluated[f"eval/{kind}/num_trajectories"] == applies and applies > 0, kind
         assert evaluated[f"eval/{kind}/failed_frac"] == 0.0, kind
-        assert 0.0 <= evaluated[f"eval/{kind}/accuracy"] <= 1.0, kind
+        assert 0.0 <= evaluated[f"eval/{kind}/right_rate"] <= 1.0, kind

@@ -155,6 +155,27 @@ def test_a_config_from_before_env_name_naming_a_built_in_envs_plugins_gets_that_
     assert old_style.environment() is gsm and gsm.perturbations
     mixed = resolve_environment("tictactoe", "rlsys.envs.tictactoe.agent:agent", "rlsys.envs.gsm.reward:reward")
     assert mixed.name == "tictactoe+plugins" and mixed.outcomes == gsm.outcomes
+    assert mixed.headline is None  # tic-tac-toe's legal-move labels are not the new reward's
+
+
+def test_a_headline_counting_unknown_outcomes_is_refused():
+    from dataclasses import replace
+
+    from rlsys.envs import Headline
+
+    env = load_environment("tictactoe")
+    assert env.headline.heldout_rate == "legal_move_rate"
+    with pytest.raises(ValueError, match=r"headline 'solved' counts outcomes \['solved'\]"):
+        replace(env, headline=Headline("solved", ("solved", "win")))
+
+
+def test_another_agent_drops_what_describes_the_environments_own_agent():
+    gsm = load_environment("gsm")
+    assert gsm.episode_metrics is not None and gsm.perturbations
+    other = resolve_environment("gsm", "rlsys.envs.tictactoe.agent:agent", None)
+    assert other.name == "gsm+plugins" and other.reward is gsm.reward
+    # gsm's episode metrics read its agent's records (its calculations): another agent's records have none
+    assert other.episode_metrics is None and other.perturbations == {} and other.first_request is None
 
 
 def test_a_reward_file_brings_its_labels_validation_and_summaries_and_keeps_the_environments_items(tmp_path):

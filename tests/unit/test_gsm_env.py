@@ -178,7 +178,7 @@ def test_answer_values(value, number):
 
 def test_summarize_gives_accuracy_and_with_records_the_calculator_use():
     outcomes = ["right", "wrong", "no_answer", "failed"]
-    assert gsm_reward.summarize(outcomes) == {"accuracy": 0.25, "answered_rate": 0.5, "malformed_call_rate": 0.0}
+    assert gsm_reward.summarize(outcomes) == {"right_rate": 0.25, "answered_rate": 0.5, "malformed_call_rate": 0.0}
     records = [{"item": ITEM, "output": {"turns": t}} for t in
                ([CALC, BAD_CALC, turn(call("answer", {"value": 12}))], [turn(call("answer", {"value": 1}))],
                 [turn(content="hi")], [])]

@@ -156,6 +156,27 @@ def test_summary_files_and_curves_png(tmp_path, capsys):
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_the_summary_follows_the_environments_headline_rate(tmp_path):
+    """gsm's headline is right answers (held out: right_rate); an environment without one gets the reward alone."""
+    gsm = tmp_path / "gsm"
+    gsm.mkdir()
+    rows = [{"step": k, "rollout/rewards_mean": 0.0, "error/right": k / 10, "error/wrong": 1 - k / 10} for k in range(10)]
+    (gsm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (gsm / "eval.jsonl").write_text(json.dumps({"tag": "start", "eval/right_rate": 0.04}) + "\n"
+                                    + json.dumps({"tag": "end", "eval/right_rate": 0.2}) + "\n")
+    (gsm / "config.resolved.toml").write_text('[env]\nname = "gsm"\n')
+    s = summarize(gsm, None, window=5)
+    assert s["headline"] == {"name": "right", "outcomes": ("right",), "heldout_rate": "right_rate"}
+    assert s["curve"]["right"] == (pytest.approx(0.2), pytest.approx(0.7)) and "legal_move" not in s["curve"]
+    assert s["held_out"]["right_rate"] == (0.04, 0.2)
+    assert plot_curves(gsm, tmp_path / "gsm.png", s).read_bytes()[:8] == PNG_MAGIC
+
+    (gsm / "config.resolved.toml").write_text('[env]\nname = "mcp_calculator"\n')
+    s = summarize(gsm, None, window=5)
+    assert s["headline"] is None and set(s["curve"]) == {"rewards_mean", "error/right", "error/wrong"}
+    assert plot_curves(gsm, tmp_path / "plain.png").read_bytes()[:8] == PNG_MAGIC
+
+
 def test_command_line_refuses_a_bad_recipe_with_exit_2(tmp_path, capsys):
     assert main(["--config", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err

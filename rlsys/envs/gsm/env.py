@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from rlsys.envs.base import Environment, by_outcomes, shipped_items, tagged
+from rlsys.envs.base import Environment, Headline, by_outcomes, shipped_items, tagged
 from rlsys.envs.gsm import reward
 from rlsys.envs.gsm.agent import agent
 from rlsys.envs.gsm.dataset import DATA_DIR, validate_item
@@ -20,4 +20,5 @@ ENV = Environment(
     validate_item=validate_item, summarize=by_outcomes(reward.summarize), episode_metrics=reward.episode_metrics,
     train_items=shipped_items(DATA_DIR / "train.jsonl", validate_item),
     heldout_items=shipped_items(DATA_DIR / "heldout.jsonl", validate_item),
-    perturbations={kind: tagged(kind, partial(_applies, kind)) for kind in PERTURBATIONS})
+    perturbations={kind: tagged(kind, partial(_applies, kind)) for kind in PERTURBATIONS},
+    headline=Headline("right", ("right",), "right_rate"))

@@ -73,7 +73,7 @@ def summarize(outcomes: list[str], records: list[dict] | None = None) -> dict[st
     (same order), the calculator use as well (`calculator_stats`)."""
     n = max(len(outcomes), 1)
     out = {
-        "accuracy": sum(o == "right" for o in outcomes) / n,
+        "right_rate": sum(o == "right" for o in outcomes) / n,
         "answered_rate": sum(o in ("right", "wrong") for o in outcomes) / n,
         "malformed_call_rate": sum(o == "malformed_call" for o in outcomes) / n,
     }

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlsys.envs.base import Environment, tagged
+from rlsys.envs.base import Environment, Headline, tagged
 from rlsys.envs.tictactoe import reward
 from rlsys.envs.tictactoe.agent import agent, first_request
 from rlsys.envs.tictactoe.dataset import make_dataset
@@ -37,4 +37,5 @@ def summarize(items: list[dict], outcomes: list[str]) -> dict[str, float]:
 ENV = Environment(
     name="tictactoe", agent=agent, reward=reward.reward, outcomes=reward.OUTCOMES, outcome=reward.outcome,
     validate_item=reward.validate_item, summarize=summarize, train_items=train_items, heldout_items=heldout_items,
-    sft_items=sft_items, perturbations={v: tagged(v) for v in PERTURBATIONS}, first_request=first_request)
+    sft_items=sft_items, perturbations={v: tagged(v) for v in PERTURBATIONS}, first_request=first_request,
+    headline=Headline("legal_move", ("legal_suboptimal", "optimal", "win"), "legal_move_rate"))
