@@ -496,12 +496,9 @@ class Learner:
     def weights_fingerprint(self) -> dict[str, int] | None:
         """{tensor name: exact sum of its bits} over the buckets of the last `export_weights`, the very bytes the
         engines were sent (rlsys/weights/fingerprint.py); None before the first export."""
-        from rlsys.weights.buckets import unpack_bucket
-        from rlsys.weights.fingerprint import tensor_sums
+        from rlsys.weights.fingerprint import bucket_sums
 
-        if not self._exported:
-            return None
-        return tensor_sums(pair for bucket in self._exported for pair in unpack_bucket(bucket))
+        return bucket_sums(self._exported) if self._exported else None
 
     def num_parameters(self) -> int:
         """How many tensors a push carries (tied weights once; with LoRA, the adapters' A and B matrices)."""

@@ -140,8 +140,8 @@ async def bench_sync(args: argparse.Namespace, model_name: str) -> dict[str, Any
     from jobs.weight_sync import canary_sequence
     from rlsys.algos import token_logprobs
     from rlsys.engines.vllm_engine import VLLMEngine, device_total_bytes, memory_fraction
-    from rlsys.weights.buckets import BucketPacker, unpack_bucket
-    from rlsys.weights.fingerprint import differing, tensor_sums
+    from rlsys.weights.buckets import BucketPacker
+    from rlsys.weights.fingerprint import bucket_sums, differing
     from rlsys.weights.transport import CudaIpcTransport, FusedPack
 
     path = model_folder(model_name, Path(args.cache))
@@ -186,7 +186,7 @@ async def bench_sync(args: argparse.Namespace, model_name: str) -> dict[str, Any
             raise RuntimeError(f"push loaded {count} tensors, sent {len(params)}")
         # the per-push check (sync.fingerprint): the learner's bit sums of the buckets, the engine's of its weights;
         # in the job both sides run at once, here one after the other
-        sent = tensor_sums(pair for bucket in buckets for pair in unpack_bucket(bucket))
+        sent = bucket_sums(buckets)
         t_sums = time.perf_counter()
         held = await engine.weights_fingerprint()
         t_fingerprint = time.perf_counter()

@@ -220,21 +220,19 @@ def headline_fraction(row: dict[str, Any], outcomes: tuple[str, ...]) -> float:
     return sum(float(row.get(f"error/{o}", 0.0)) for o in outcomes)
 
 
-def stage_headline(stage_dir: Path) -> dict[str, Any] | None:
-    """The headline rate of the stage's environment (`Environment.headline`) as {"name", "outcomes",
-    "heldout_rate"}; None when it has none or cannot be loaded here."""
-    env = run_environment(_read_toml(stage_dir / "config.resolved.toml"))
-    if env is None or env.headline is None:
-        return None
-    return env.headline._asdict()
+def headline_of(env: Any) -> dict[str, Any] | None:
+    """An environment's headline rate (`Environment.headline`) as {"name", "outcomes", "heldout_rate"}; None when it
+    has none or could not be loaded here (``env`` None)."""
+    return env.headline._asdict() if env is not None and env.headline is not None else None
 
 
 def summarize(stage_dir: Path, previous_dir: Path | None, window: int = 20) -> dict[str, Any]:
     """First/last `window` steps of the stage's metrics and its held-out rates before and after."""
     rows = [r for r in read_jsonl(stage_dir / "metrics.jsonl") if isinstance(r.get("rollout/rewards_mean"), float)]
-    env = run_environment(_read_toml(stage_dir / "config.resolved.toml"))
+    config = _read_toml(stage_dir / "config.resolved.toml")
+    env = run_environment(config)
     order = env.outcomes if env is not None else ()
-    headline = stage_headline(stage_dir)
+    headline = headline_of(env)
     keys = sorted({k for r in rows for k in r if k.startswith("error/")}, key=lambda k: _error_order(k, order))
 
     def mean(part: list[dict[str, Any]], key: str) -> float:
@@ -257,7 +255,7 @@ def summarize(stage_dir: Path, previous_dir: Path | None, window: int = 20) -> d
     rates = dict.fromkeys(k.removeprefix("eval/") for row in (after, before) if row for k in row
                           if is_eval_rate(k) and k != "eval/rewards_mean")  # the environment's, in its order
     held_out = {name: (_rate(before, name), _rate(after, name)) for name in rates}
-    eval_cfg = _read_toml(stage_dir / "config.resolved.toml").get("eval", {})
+    eval_cfg = config.get("eval", {})
     return {"steps": len(rows), "window": min(window, len(rows)), "curve": curve, "held_out": held_out,
             "headline": headline,
             "held_out_episodes": (after or before or {}).get("eval/num_trajectories"),
@@ -311,7 +309,8 @@ def plot_curves(stage_dir: Path, out: Path, summary: dict[str, Any] | None = Non
 
     rows = [r for r in read_jsonl(stage_dir / "metrics.jsonl") if isinstance(r.get("rollout/rewards_mean"), float)]
     steps = [r["step"] + 1 for r in rows]
-    headline = summary.get("headline") if summary is not None else stage_headline(stage_dir)
+    headline = (summary.get("headline") if summary is not None
+                else headline_of(run_environment(_read_toml(stage_dir / "config.resolved.toml"))))
     panels = [("reward (batch mean)", [r["rollout/rewards_mean"] for r in rows])]
     if headline is not None:
         labels = tuple(headline["outcomes"])

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 
 import torch
 
+from rlsys.weights.buckets import WeightBucket, unpack_bucket
+
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -37,6 +39,11 @@ def tensor_sums(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
         for i, v in zip(idx, torch.cat([sums[i] for i in idx]).tolist()):
             values[i] = int(v)
     return dict(zip(names, values))
+
+
+def bucket_sums(buckets: Iterable[WeightBucket]) -> dict[str, int]:
+    """`tensor_sums` of every tensor packed in ``buckets``: what a sender fingerprints, the very bytes it sent."""
+    return tensor_sums(pair for bucket in buckets for pair in unpack_bucket(bucket))
 
 
 def differing(reference: dict[str, int], held: dict[str, int]) -> list[str]:

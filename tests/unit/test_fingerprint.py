@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rlsys.weights.buckets import BucketPacker, unpack_bucket
-from rlsys.weights.fingerprint import differing, tensor_sums
+from rlsys.weights.buckets import BucketPacker
+from rlsys.weights.fingerprint import bucket_sums, differing, tensor_sums
 
 
 def test_the_sums_of_what_was_packed_equal_the_sums_of_where_it_landed():
@@ -13,7 +13,7 @@ def test_the_sums_of_what_was_packed_equal_the_sums_of_where_it_landed():
     master = {"w": torch.randn(64, 32), "b": torch.randn(32), "steps": torch.arange(5)}  # fp32 masters, an int
     named = list(master.items())
     packer = BucketPacker.for_tensors(named, bucket_bytes=4096, dtype=torch.bfloat16)  # cast as a bf16 engine gets
-    sent = tensor_sums(pair for bucket in packer.pack(named) for pair in unpack_bucket(bucket))
+    sent = bucket_sums(packer.pack(named))
     engine = {"w": torch.zeros(128, 32, dtype=torch.bfloat16), "b": torch.zeros(32, dtype=torch.bfloat16),
               "steps": torch.zeros(5, dtype=torch.long)}
     views = {"w": engine["w"][32:96], "b": engine["b"], "steps": engine["steps"]}  # a row block of a fused weight
