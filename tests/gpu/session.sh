@@ -9,6 +9,7 @@
 # is the fresh machine's); then the benchmarks of docs/performance.md one after another, alone on the GPU.
 # RUNS=none: the benchmarks only (no Qwen bundle needed), e.g. RUNS=none BENCH="startup bench-step" ... start
 # A run of another config: NAME@CONFIG=overrides, e.g. RUNS="gsm@configs/gsm-qwen0.5b.toml=seed=0".
+# FIRST_ALONE=0: start every run 20 s apart at once (when the start-up is not what is measured).
 set -u
 source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
 S=/tmp/rlsys-session runs=/tmp/qwen-runs
@@ -33,7 +34,7 @@ queue() {
     name=${spec%%=*} ov=${spec#*=} cfg=configs/tictactoe-qwen0.5b.toml
     case $name in *@*) cfg=${name#*@} name=${name%%@*} ;; esac
     train "$name" --config "$cfg" --max-steps "${STEPS:-400}" "${common[@]}" ${ov//,/ }
-    if (( first )); then  # alone until its first step: start-up on a fresh machine, then the rest
+    if (( first )) && [ "${FIRST_ALONE:-1}" = 1 ]; then  # alone until its first step (a fresh machine's start-up)
       first=0
       for _ in $(seq 60); do [ -s "$runs/$name/metrics.jsonl" ] || grep -q "^rc=" "$runs/$name.log" && break; sleep 5; done
       log "$name: first step logged"
