@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("eval", help="held-out eval of a checkpoint: the environment's rates and error table, --perturb")
     sub.add_parser("play", help="play the default environment's game against a checkpoint in the browser (127.0.0.1)")
     sub.add_parser("check", help="what this machine has (Python, torch, CUDA, vLLM, Ray) and what a job would use")
-    sub.add_parser("report", help="summary and PNG plots of a run directory")
+    sub.add_parser("report", help="summary and PNG plots of a run directory; several: one table, a row each")
     sub.add_parser("tune", help="GPU memory estimate of a config, and settings that fit a --gpu-memory-budget-gib")
     sub.add_parser("export", help="write a LoRA checkpoint as a merged model folder: `rlsys export --merge CKPT OUT`")
     sub.add_parser("recipe", help="run stage configs in sequence (SFT, then GSPO) and summarise; see `rlsys recipe --help`")

@@ -1,5 +1,8 @@
 """`rlsys report RUN_DIR`: a run's results at a glance, from its metrics.jsonl (and eval.jsonl), plus PNG plots.
 
+`rlsys report RUN_DIR RUN_DIR ...`: several runs as one Markdown table, a row each (`--mean` adds their mean):
+variants x seeds, as docs/results.md shows them.
+
 Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window` steps; the
 windows overlap on runs shorter than two windows), the policy's entropy (and KL to the reference when `algo.kl_coef`
 is set), the mean time per phase, and the held-out evaluations: the environment's rates and the mean reward. The
@@ -195,6 +198,78 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# --- several runs side by side ----------------------------------------------------------------------
+def _window_means(run: Run, key: str, window: int) -> tuple[float | None, float | None]:
+    """Mean of ``key`` over the first and the last ``window`` steps, of those that logged it (None: none did, e.g.
+    the entropy of steps without an update)."""
+    def over(rows: list[dict[str, Any]]) -> float | None:
+        return _mean([v for r in rows if (v := as_float(r.get(key))) is not None])
+    return over(run.rows[:window]), over(run.rows[-window:])
+
+
+def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
+    """One row per run for a table of variants x seeds: steps and steps with an update, the first/last-``window``
+    means of reward, zero-variance group fraction (before dynamic sampling's filter), entropy and truncated
+    fraction, the median step time, and the held-out evaluations at the start and the end (the first and the
+    last of eval.jsonl): mean reward, every rate, and the spread of the mean reward over prompt perturbations."""
+    rows = []
+    for run in runs:
+        _, step_s = run.series("time/step")
+        evals = [{k: as_float(v) for k, v in e.items()} | {"tag": e.get("tag")} for e in run.evals]
+        start, end = (evals[0], evals[-1]) if evals else ({}, {})
+        perturbed = [v for k, v in end.items() if k.startswith("eval/") and k.count("/") == 2
+                     and k.endswith("/rewards_mean") and not k.startswith("eval/error/") and v is not None]
+        rows.append({
+            "run": run.path.name, "steps": len(run.rows),
+            "updates": sum(1 for r in run.rows if as_float(r.get("train/loss")) is not None
+                           and not r.get("train/skipped_batch")),
+            "reward": _window_means(run, "rollout/rewards_mean", window),
+            "zero_var": _window_means(run, "rollout/zero_var_group_frac", window),
+            "entropy": _window_means(run, "train/entropy", window),
+            "truncated_last": _window_means(run, "rollout/truncated_frac", window)[1],
+            "step_s_median": sorted(step_s)[len(step_s) // 2] if step_s else None,
+            "eval_steps": (start.get("step"), end.get("step")),
+            "heldout": {k.removeprefix("eval/"): (start.get(k), end.get(k)) for k in end
+                        if is_eval_rate(k) and end.get(k) is not None},
+            "perturbed_reward": (min(perturbed), max(perturbed)) if perturbed else None,
+        })
+    return rows
+
+
+def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] | None = None,
+                      mean: bool = False) -> str:
+    """A Markdown table of `compare_runs` rows (``rates``: the held-out rates shown, all by default; ``mean``: a
+    last row with the mean of every number over the runs, e.g. the seeds of one variant)."""
+    names = rates or list(dict.fromkeys(k for r in rows for k in r["heldout"]))
+    pair = lambda ab, spec=".3f": f"{_fmt(ab[0], spec)} -> {_fmt(ab[1], spec)}"  # noqa: E731
+    header = ["run", "steps", "with an update", f"reward first -> last {window}", "zero-var first -> last",
+              "entropy first -> last", f"cut off, last {window}", "median step s",
+              *[f"held-out {n.removesuffix('_rate')}" for n in names], "perturbed reward, end"]
+    table = [header, ["---"] * len(header)]
+
+    def cells(r: dict[str, Any]) -> list[str]:
+        spread = r["perturbed_reward"]
+        return [r["run"], str(r["steps"]), str(r["updates"]), pair(r["reward"]), pair(r["zero_var"], ".2f"),
+                pair(r["entropy"]), _fmt(r["truncated_last"], ".2f"), _fmt(r["step_s_median"], ".2f"),
+                *[pair(r["heldout"].get(n, (None, None))) for n in names],
+                "-" if spread is None else f"{spread[0]:.3f}-{spread[1]:.3f}"]
+
+    table += [cells(r) for r in rows]
+    if mean and len(rows) > 1:
+        avg = lambda xs: _mean([x for x in xs if x is not None])  # noqa: E731
+        both = lambda get: (avg([get(r)[0] for r in rows]), avg([get(r)[1] for r in rows]))  # noqa: E731
+        spreads = [r["perturbed_reward"] for r in rows if r["perturbed_reward"]]
+        table.append(cells({
+            "run": f"mean of {len(rows)}", "steps": f"{avg([r['steps'] for r in rows]):.0f}",
+            "updates": f"{avg([r['updates'] for r in rows]):.0f}", "reward": both(lambda r: r["reward"]),
+            "zero_var": both(lambda r: r["zero_var"]), "entropy": both(lambda r: r["entropy"]),
+            "truncated_last": avg([r["truncated_last"] for r in rows]),
+            "step_s_median": avg([r["step_s_median"] for r in rows]),
+            "heldout": {n: both(lambda r, n=n: r["heldout"].get(n, (None, None))) for n in names},
+            "perturbed_reward": (min(s[0] for s in spreads), max(s[1] for s in spreads)) if spreads else None}))
+    return "\n".join("| " + " | ".join(row) + " |" for row in table)
+
+
 def run_environment(config: dict[str, Any]) -> Environment | None:
     """The run's environment (its resolved config's `[env]`); None where it cannot be loaded here (a plug-in file
     that is not on this machine)."""
@@ -353,19 +428,35 @@ def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rlsys report", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (has metrics.jsonl)")
-    p.add_argument("--window", type=int, default=10, help="steps averaged at the start and the end (default 10)")
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
+                   help="a run directory (has metrics.jsonl); several: one Markdown table, a row each, no plots")
+    p.add_argument("--window", type=int, help="steps averaged at the start and the end (default 10; 20 with several)")
     p.add_argument("--no-plots", action="store_true", help="print the summary only")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--json", action="store_true", help="print the summary (or the rows) as JSON")
+    p.add_argument("--rates", help="with several runs: the held-out rates shown, comma-separated (default all)")
+    p.add_argument("--mean", action="store_true", help="with several runs: a last row with their mean (the seeds "
+                                                       "of one variant)")
     args = p.parse_args(argv)
-    if args.window < 1:
+    several = len(args.run_dir) > 1
+    window = args.window if args.window is not None else (20 if several else 10)
+    if window < 1:
         p.error("--window must be at least 1")
     try:
-        run = load_run(args.run_dir)
+        runs = [load_run(d) for d in args.run_dir]
     except (ReportError, OSError, tomllib.TOMLDecodeError) as err:
         print(f"rlsys report: {err}", file=sys.stderr)
         return 2
-    summary = summarize_run(run, args.window)
+    if several:
+        rows = compare_runs(runs, window)
+        rates = [r.strip() for r in args.rates.split(",") if r.strip()] if args.rates else None
+        unknown = sorted(set(rates or ()) - {k for r in rows for k in r["heldout"]})
+        if unknown:
+            print(f"rlsys report: --rates: no run has {', '.join(unknown)} in its last eval", file=sys.stderr)
+            return 2
+        print(json.dumps(rows, indent=1) if args.json else format_comparison(rows, window, rates, args.mean))
+        return 0
+    run = runs[0]
+    summary = summarize_run(run, window)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -373,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plots:
         written, skipped = write_plots(run)
         stream = sys.stderr if args.json else sys.stdout
-        where = written[0].parent if written else Path(args.run_dir) / "plots"
+        where = written[0].parent if written else run.path / "plots"
         print(f"  plots in {where}/: {', '.join(w.name for w in written) or 'none'}", file=stream)
         for s in skipped:
             print(f"  (skipped {s})", file=stream)

@@ -108,3 +108,48 @@ def test_failure_lines_name_the_most_common_reasons_of_a_step():
     assert lines == ["  3 failed: agent_error: APIConnectionError", "  2 failed: reward_timeout: 30 s",
                      "  ... and 2 more (2 other reasons)"]
     assert failure_lines([summary(None)]) == []
+
+
+def test_several_runs_make_one_table_a_row_each_and_their_mean(tmp_path, capsys):
+    from rlsys.report import compare_runs
+
+    a, b = make_run(tmp_path / "seed0"), make_run(tmp_path / "seed1", steps=30)
+    # seed1: its last 5 steps skipped their update (dynamic sampling kept no group), and it was evaluated under two
+    # prompt perturbations at the end
+    rows = [json.loads(line) for line in (b / "metrics.jsonl").read_text().splitlines()]
+    for r in rows[-5:]:
+        del r["train/loss"], r["train/entropy"]
+        r["train/skipped_batch"] = 1.0
+    (b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = [json.loads(line) for line in (b / "eval.jsonl").read_text().splitlines()]
+    evals[-1] |= {"eval/grid_alt/rewards_mean": 0.1, "eval/terse/rewards_mean": 0.3, "eval/error/occupied": 0.2}
+    (b / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+    ra, rb = compare_runs([load_run(a), load_run(b)], window=10)
+    assert (ra["run"], ra["steps"], ra["updates"]) == ("seed0", 24, 24)
+    assert (rb["steps"], rb["updates"]) == (30, 25)
+    assert ra["reward"][0] == pytest.approx(-1.0 + 0.05 * 4.5) and ra["reward"][1] == pytest.approx(-1.0 + 0.05 * 18.5)
+    assert rb["entropy"][1] == pytest.approx(_mean_of(1.0 - 0.02 * k for k in range(20, 25)))  # the updates of the window
+    assert ra["heldout"]["legal_move_rate"] == (0.1, 0.7) and ra["heldout"]["win_taken_rate"] == (None, 0.9)
+    assert "win_episodes" not in ra["heldout"] and ra["perturbed_reward"] is None
+    assert rb["perturbed_reward"] == (0.1, 0.3)  # the perturbations' mean rewards, not the error table's rates
+    assert ra["step_s_median"] == 4.0 and ra["eval_steps"] == (0, 24)
+
+    assert main([str(a), str(b), "--window", "10", "--mean", "--rates", "legal_move_rate,rewards_mean"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| run | steps | with an update | reward first -> last 10 |")
+    assert out[0].rstrip().endswith("| held-out legal_move | held-out rewards_mean | perturbed reward, end |")
+    assert out[2].startswith("| seed0 | 24 | 24 | -0.775 -> -0.075 |") and "| 0.100 -> 0.700 | -0.900 -> 0.200 |" in out[2]
+    assert out[3].endswith("| 0.100-0.300 |")
+    assert out[4].startswith("| mean of 2 | 27 | 24 |") and out[4].endswith("| 0.100-0.300 |")
+    assert not (a / "plots").exists()  # several runs: the table only
+
+    assert main([str(a), str(b), "--rates", "legal_move_rate,optimal_rate"]) == 2
+    assert "--rates: no run has optimal_rate" in capsys.readouterr().err
+    assert main([str(a), str(tmp_path / "missing")]) == 2
+    assert "missing: no metrics.jsonl" in capsys.readouterr().err
+
+
+def _mean_of(xs):
+    xs = list(xs)
+    return sum(xs) / len(xs)
