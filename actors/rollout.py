@@ -281,6 +281,10 @@ class RolloutWorker:
     async def score(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
         return await self.engine.score(prompt_ids, continuation_ids)
 
+    async def expect(self, n: int) -> None:
+        """The next ``n`` generate requests are one wave (`Engine.expect`): the rollout phase's episodes."""
+        self.engine.expect(n)
+
     async def weights_fingerprint(self) -> dict[str, int] | None:
         """What the last push wrote, as exact bit sums by tensor name (`Engine.weights_fingerprint`)."""
         return await self.engine.weights_fingerprint()

@@ -34,6 +34,11 @@ def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: l
     traj_refs, summary_refs, keys = [], [], []
     engines = len(proxies)
     local_workers = [env_workers[e::engines] for e in range(engines)]
+    # each engine hears how many episodes (first requests) come its way, before they do: the CPU engine batches
+    # them together instead of starting on the first few (`Engine.expect`); vLLM ignores it
+    total = len(items) * n
+    ray.get([p["actor"].expect.remote(total // engines + (e < total % engines))
+             for e, p in enumerate(proxies) if p.get("actor") is not None])
     k = 0
     for g, item in enumerate(items, first_group):
         for s in range(n):

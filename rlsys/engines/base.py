@@ -123,6 +123,11 @@ class Engine(ABC):
         tensors, merged into the weights as W_base + ``scale`` B A (rlsys/lora.py `LoraMerge`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot serve LoRA adapters")
 
+    def expect(self, n: int) -> None:
+        """A hint: the next ``n`` generate requests are one wave, sent together (a rollout phase's episodes). An
+        engine that batches by arrival (the CPU engine) can wait for all of them instead of starting on the first
+        few; engines that batch continuously (vLLM) ignore it."""
+
     async def weights_fingerprint(self) -> dict[str, int] | None:
         """{pushed tensor name: exact sum of its bits} over what the last push wrote (rlsys/weights/fingerprint.py),
         compared with the learner's after every push (`WeightSync.check_canary`); None when this engine cannot tell,

@@ -11,7 +11,9 @@ serves the HTTP proxy, stays responsive while torch computes. A batch starts whe
 ``batch_wait_s`` has passed without a new request (at most ``batch_wait_max_s`` after its first one):
 the agents' requests of a rollout arrive over a few hundred ms on CPU, with gaps of tens of ms, and a
 batch that started on the first of them decoded alone while the rest queued behind it (two or three
-batches a step instead of one; docs/results-cpu.md). Batched decoding left-pads the prompts (attention
+batches a step instead of one; docs/results-cpu.md). The rollout phase says how many requests it sends
+(``expect(n)``): until that many came, a batch waits for them (at most ``expect_wait_max_s`` after its first)
+whatever the gaps, since on 2 cores the late ones are late because the batch before them took the CPU. Batched decoding left-pads the prompts (attention
 mask + per-row position ids), keeps a KV cache (``DynamicCache``) and drops rows from the batch as they
 finish. Requests of a batch with the same prompt ids (the n samples of a group) prefill it once and
 copy its KV cache rows (``share_prefill``); each keeps its own generator, so its samples are the ones
@@ -145,6 +147,7 @@ class TransformersEngine(Engine):
         max_batch_size: int = 16,
         batch_wait_s: float = 0.05,
         batch_wait_max_s: float = 0.5,
+        expect_wait_max_s: float = 1.0,
         share_prefill: bool = True,
         num_threads: int | None = None,
         eos_token_ids: int | Iterable[int] | None = None,
@@ -162,6 +165,8 @@ class TransformersEngine(Engine):
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s  # a batch starts after this long without a new request...
         self.batch_wait_max_s = batch_wait_max_s  # ...or this long after its first request
+        self.expect_wait_max_s = expect_wait_max_s  # a wave announced by expect(): its batch waits this long at most
+        self._expected = 0  # generate requests of the announced wave not yet taken into a batch
         self.share_prefill = share_prefill
         load_kwargs = {"dtype": dtype}
         if attn_implementation is not None:
@@ -368,6 +373,7 @@ class TransformersEngine(Engine):
             await self._wait_for_company(queue)
             while len(batch) < self.max_batch_size and not queue.empty():
                 batch.append(queue.get_nowait())
+            self._expected = max(0, self._expected - sum(isinstance(r, _GenerateRequest) for r in batch))
             batch = [r for r in batch if not r.future.done()]  # callers that gave up
             if not batch:
                 continue
@@ -389,12 +395,29 @@ class TransformersEngine(Engine):
                 else:
                     req.future.set_result(res)
 
+    def expect(self, n: int) -> None:
+        """The next ``n`` generate requests are one wave (`Engine.expect`): batch them together."""
+        if n < 0:
+            raise ValueError(f"expect: n must be >= 0, got {n}")
+        self._expected = int(n)
+
     async def _wait_for_company(self, queue: asyncio.Queue) -> None:
         """Return once the batch (one request already taken) is full, or no request came for
-        ``batch_wait_s``, or ``batch_wait_max_s`` passed."""
+        ``batch_wait_s``, or ``batch_wait_max_s`` passed. While an announced wave (`expect`) is still arriving:
+        once all of it is queued (or the batch is full), or ``expect_wait_max_s`` passed (the wave's rest is
+        given up on: some of its episodes sent nothing)."""
+        loop = asyncio.get_running_loop()
+        if self._expected > 0:
+            want = min(self._expected, self.max_batch_size) - 1  # the batch already holds one request
+            deadline = loop.time() + self.expect_wait_max_s
+            while queue.qsize() < want:
+                if loop.time() >= deadline:
+                    self._expected = 0
+                    return
+                await asyncio.sleep(0.002)
+            return
         if self.batch_wait_s <= 0:
             return
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batch_wait_max_s
         seen = -1
         while queue.qsize() < self.max_batch_size - 1 and queue.qsize() != seen:

@@ -490,6 +490,45 @@ def test_batch_wait_is_capped(model_path, monkeypatch):
     asyncio.run(engine.shutdown())
 
 
+def test_an_announced_wave_is_one_batch_whatever_its_gaps_and_a_short_one_is_given_up_on(model_path, monkeypatch):
+    # the rollout phase says how many requests it sends (Engine.expect): gaps longer than the quiet gap no longer
+    # split them (on 2 cores the late ones are late because the batch before them holds the CPU)
+    engine = TransformersEngine(str(model_path), batch_wait_s=0.02, batch_wait_max_s=0.05, expect_wait_max_s=1.5)
+    sizes = []
+    real = engine._generate_batch
+    monkeypatch.setattr(engine, "_generate_batch", lambda reqs: sizes.append(len(reqs)) or real(reqs))
+
+    async def staggered(n, gap_s, expect=None):
+        if expect is not None:
+            engine.expect(expect)
+
+        async def one(i):
+            await asyncio.sleep(i * gap_s)
+            return await engine.generate(PROMPTS[i], GREEDY)
+
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+    plain = asyncio.run(staggered(8, 0.1))  # 100 ms gaps, 20 ms quiet gap, no announcement: one batch each
+    assert sizes == [1] * 8, sizes
+    sizes.clear()
+    waved = asyncio.run(staggered(8, 0.1, expect=8))
+    assert sizes == [8], f"the announced wave was split into {sizes}"
+    assert [o.token_ids for o in waved] == [o.token_ids for o in plain]  # batching changes no greedy token
+    assert engine._expected == 0
+    sizes.clear()
+    # 3 of an announced 8 come: the batch starts expect_wait_max_s after the first with those 3, and the rest of
+    # the wave is given up on, so later requests batch by the quiet gap again
+    engine.expect_wait_max_s = 0.3
+    asyncio.run(staggered(3, 0.01, expect=8))
+    assert sizes == [3] and engine._expected == 0, (sizes, engine._expected)
+    sizes.clear()
+    asyncio.run(staggered(2, 0.2))
+    assert sizes == [1, 1], sizes
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        engine.expect(-1)
+    asyncio.run(engine.shutdown())
+
+
 def test_growing_cache_keeps_what_dynamic_cache_keeps(model_path):
     from transformers import AutoConfig, DynamicCache
 
