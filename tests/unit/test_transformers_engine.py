@@ -493,7 +493,7 @@ def test_batch_wait_is_capped(model_path, monkeypatch):
 def test_an_announced_wave_is_one_batch_whatever_its_gaps_and_a_short_one_is_given_up_on(model_path, monkeypatch):
     # the rollout phase says how many requests it sends (Engine.expect): gaps longer than the quiet gap no longer
     # split them (on 2 cores the late ones are late because the batch before them holds the CPU)
-    engine = TransformersEngine(str(model_path), batch_wait_s=0.02, batch_wait_max_s=0.05, expect_wait_max_s=1.5)
+    engine = TransformersEngine(str(model_path), batch_wait_s=0.02, batch_wait_max_s=0.05, expect_wait_max_s=5.0)
     sizes = []
     real = engine._generate_batch
     monkeypatch.setattr(engine, "_generate_batch", lambda reqs: sizes.append(len(reqs)) or real(reqs))
@@ -508,10 +508,11 @@ def test_an_announced_wave_is_one_batch_whatever_its_gaps_and_a_short_one_is_giv
 
         return await asyncio.gather(*(one(i) for i in range(n)))
 
-    plain = asyncio.run(staggered(8, 0.1))  # 100 ms gaps, 20 ms quiet gap, no announcement: one batch each
+    # gaps of 300 ms (longer than a batch of one takes on a loaded box), a 20 ms quiet gap, no announcement
+    plain = asyncio.run(staggered(8, 0.3))
     assert sizes == [1] * 8, sizes
     sizes.clear()
-    waved = asyncio.run(staggered(8, 0.1, expect=8))
+    waved = asyncio.run(staggered(8, 0.3, expect=8))
     assert sizes == [8], f"the announced wave was split into {sizes}"
     assert [o.token_ids for o in waved] == [o.token_ids for o in plain]  # batching changes no greedy token
     assert engine._expected == 0
