@@ -215,10 +215,10 @@ def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
     rows = []
     for run in runs:
         _, step_s = run.series("time/step")
-        evals = [{k: as_float(v) for k, v in e.items()} | {"tag": e.get("tag")} for e in run.evals]
+        evals = [{k: as_float(v) for k, v in e.items()} for e in run.evals]
         start, end = (evals[0], evals[-1]) if evals else ({}, {})
         perturbed = [v for k, v in end.items() if k.startswith("eval/") and k.count("/") == 2
-                     and k.endswith("/rewards_mean") and not k.startswith("eval/error/") and v is not None]
+                     and k.endswith("/rewards_mean") and v is not None]
         rows.append({
             "run": run.path.name, "steps": len(run.rows),
             "updates": sum(1 for r in run.rows if as_float(r.get("train/loss")) is not None

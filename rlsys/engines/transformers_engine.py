@@ -13,11 +13,11 @@ the agents' requests of a rollout arrive over a few hundred ms on CPU, with gaps
 batch that started on the first of them decoded alone while the rest queued behind it (two or three
 batches a step instead of one; docs/results-cpu.md). The rollout phase says how many requests it sends
 (``expect(n)``): until that many came, a batch waits for them (at most ``expect_wait_max_s`` after its first)
-whatever the gaps, since on 2 cores the late ones are late because the batch before them took the CPU. Batched decoding left-pads the prompts (attention
-mask + per-row position ids), keeps a KV cache (``DynamicCache``) and drops rows from the batch as they
-finish. Requests of a batch with the same prompt ids (the n samples of a group) prefill it once and
-copy its KV cache rows (``share_prefill``); each keeps its own generator, so its samples are the ones
-an unshared prefill gives (up to the numerics of the smaller prefill batch).
+whatever the gaps, since on 2 cores the late ones are late because the batch before them took the CPU.
+Batched decoding left-pads the prompts (attention mask + per-row position ids), keeps a KV cache
+(``DynamicCache``) and drops rows from the batch as they finish. Requests of a batch with the same prompt ids
+(the n samples of a group) prefill it once and copy its KV cache rows (``share_prefill``); each keeps its own
+generator, so its samples are the ones an unshared prefill gives (up to the numerics of the smaller prefill batch).
 
 Sampling is per request: temperature (0, or below ``GREEDY_BELOW``, = greedy), top-p, OpenAI's frequency and
 presence penalties and logit bias (applied to the logits first, as vLLM does), and a ``torch.Generator`` seeded from
