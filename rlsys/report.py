@@ -294,6 +294,48 @@ def _label_order(label: str, outcomes: tuple[str, ...]) -> tuple[int, str]:
 
 
 # --- plots ------------------------------------------------------------------------------------------
+def _moving_average(values: list[float], k: int) -> list[float]:
+    return [sum(values[max(0, i - k + 1): i + 1]) / len(values[max(0, i - k + 1): i + 1]) for i in range(len(values))]
+
+
+COMPARED = (("rollout/rewards_mean", "rollout reward"), ("rollout/zero_var_group_frac", "zero-variance groups"),
+            ("train/entropy", "token entropy"))
+
+
+def write_comparison_plot(runs: list[Run], path: str | Path, smooth: int = 10) -> Path:
+    """One PNG of several runs: reward, zero-variance group fraction (before dynamic sampling's filter) and token
+    entropy against the step, each a ``smooth``-step moving average, one line per run; runs whose names share the
+    part before their last digits (lora0, lora1) share a colour."""
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(dict.fromkeys(re.sub(r"[-_]?(seed)?\d+$", "", r.path.name) or r.path.name for r in runs))
+    fig, axes = plt.subplots(len(COMPARED), 1, figsize=(7, 2.4 * len(COMPARED)), sharex=True)
+    for run in runs:
+        variant = re.sub(r"[-_]?(seed)?\d+$", "", run.path.name) or run.path.name
+        for ax, (key, _) in zip(axes, COMPARED):
+            steps, values = run.series(key)
+            if steps:
+                ax.plot(steps, _moving_average(values, smooth), color=f"C{variants.index(variant)}", lw=1.2,
+                        label=run.path.name)
+    for ax, (_, what) in zip(axes, COMPARED):
+        ax.set(ylabel=what)
+        ax.grid(alpha=0.3)
+    axes[0].set_title(f"{smooth}-step moving averages")
+    axes[0].legend(fontsize=8, ncol=3)
+    axes[-1].set_xlabel("step")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path], list[str]]:
     """PNG plots into ``out_dir`` (default RUN_DIR/plots); returns (written files, skipped plots with why)."""
     import matplotlib
@@ -334,8 +376,7 @@ def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path]
                 marker="o" if len(steps) < 30 else None, ms=3, label="rollout mean")
         if len(steps) >= 20:  # a batch is a few dozen episodes: the trend needs smoothing to be seen
             k = max(5, len(steps) // 10)
-            smooth = [sum(mean[max(0, i - k + 1): i + 1]) / len(mean[max(0, i - k + 1): i + 1]) for i in range(len(mean))]
-            ax.plot(steps, smooth, color="navy", lw=2, label=f"rollout mean, {k}-step average")
+            ax.plot(steps, _moving_average(mean, k), color="navy", lw=2, label=f"rollout mean, {k}-step average")
         ev = [(e["step"], as_float(e.get("eval/rewards_mean"))) for e in run.evals]
         ev = [(s, v) for s, v in ev if v is not None]
         if ev:
@@ -436,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", help="with several runs: the held-out rates shown, comma-separated (default all)")
     p.add_argument("--mean", action="store_true", help="with several runs: a last row with their mean (the seeds "
                                                        "of one variant)")
+    p.add_argument("--plot", metavar="PNG", help="with several runs: also write their reward, zero-variance and "
+                                                "entropy curves into one PNG")
     args = p.parse_args(argv)
     several = len(args.run_dir) > 1
     window = args.window if args.window is not None else (20 if several else 10)
@@ -454,7 +497,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlsys report: --rates: no run has {', '.join(unknown)} in its last eval", file=sys.stderr)
             return 2
         print(json.dumps(rows, indent=1) if args.json else format_comparison(rows, window, rates, args.mean))
+        if args.plot:
+            print(f"  curves in {write_comparison_plot(runs, args.plot)}", file=sys.stderr)
         return 0
+    if args.plot:
+        p.error("--plot compares several runs; one run's plots go to RUN_DIR/plots")
     run = runs[0]
     summary = summarize_run(run, window)
     if args.json:

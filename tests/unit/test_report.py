@@ -153,3 +153,17 @@ def test_several_runs_make_one_table_a_row_each_and_their_mean(tmp_path, capsys)
 def _mean_of(xs):
     xs = list(xs)
     return sum(xs) / len(xs)
+
+
+def test_plot_of_several_runs_is_one_png_and_refused_for_one(tmp_path, capsys):
+    from rlsys.report import _moving_average
+
+    assert _moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    a, b = make_run(tmp_path / "lora0"), make_run(tmp_path / "full1", steps=30)
+    png = tmp_path / "img" / "compare.png"
+    assert main([str(a), str(b), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == PNG_MAGIC and "curves in" in capsys.readouterr().err
+    assert not (a / "plots").exists()
+    with pytest.raises(SystemExit) as exit_info:  # argparse's refusal: one run's plots have their own place
+        main([str(a), "--plot", str(png)])
+    assert exit_info.value.code == 2 and "--plot compares several runs" in capsys.readouterr().err
