@@ -15,7 +15,9 @@ The same work as configs/tictactoe-qwen0.5b.toml, without rlsys's extras:
   calls parsed by rlsys's parser (`rlsys.proxy.toolcalls.parse_tool_calls`);
 - 4 boards x 4 samples = 16 completions per optimizer step (micro-batches of 4, rlsys's `mini_bs`), the config's
   max_new_tokens, temperature, lr, warmup and grad clip, 8-bit AdamW (bitsandbytes), bf16 autocast over fp32
-  weights (rlsys's `fp32_master`; TRL's `bf16=True` with a float32 model), GSPO (`importance_sampling_level=
+  weights (rlsys's `fp32_master`; TRL's `bf16=True` with a float32 model), or, when the config trains LoRA (its
+  default since 2026-12-03), peft's LoRA of the same rank, alpha, dropout and target modules on a bf16 base (peft
+  keeps the adapters in float32, as rlsys does; TRL merges them into vLLM's weights each step), GSPO (`importance_sampling_level=
   "sequence"`, `loss_type="grpo"`: the mean over a sequence's tokens of a ratio that is one per sequence, then the
   mean over sequences, as rlsys/algos/gspo.py) with rlsys's clip epsilons (3e-4 / 4e-4), no KL (beta 0);
   `mask_truncated_completions` follows the config's `algo.mask_truncated`;
@@ -24,7 +26,7 @@ The same work as configs/tictactoe-qwen0.5b.toml, without rlsys's extras:
 
 Writes into --out: steps.jsonl (per step: seconds since the process started, the step's seconds, reward mean and
 std, the outcome table, the GPU memory in use), summary.json (command-to-last-step seconds, median step, peaks) and
-final/ (a Hugging Face folder for `rlsys eval --ckpt`).
+final/ (a Hugging Face folder for `rlsys eval --ckpt`; a LoRA run's adapters merged into it).
 """
 from __future__ import annotations
 
@@ -171,7 +173,9 @@ def grpo_config(cfg, out: Path, steps: int, smoke: bool, vllm_memory: float):
         importance_sampling_level="sequence", loss_type="grpo", epsilon=eps_low, epsilon_high=eps_high, beta=0.0,
         num_iterations=cfg.algo.n_minibatches, scale_rewards="group",
         mask_truncated_completions=cfg.algo.mask_truncated,
-        model_init_kwargs={"dtype": torch.float32},  # fp32 masters under bf16 autocast, as rlsys's fp32_master
+        # LoRA: a bf16 base (peft upcasts the adapters to float32); else fp32 masters under bf16 autocast, as
+        # rlsys's fp32_master
+        model_init_kwargs={"dtype": torch.bfloat16 if cfg.learner.lora.enabled else torch.float32},
     )
     if smoke:  # plumbing only: 2 boards x 2 samples, a few tokens, plain AdamW, no vLLM, on the CPU
         return GRPOConfig(**{**common, "num_generations": 2, "max_completion_length": 16},
@@ -184,6 +188,17 @@ def grpo_config(cfg, out: Path, steps: int, smoke: bool, vllm_memory: float):
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=vllm_memory,
         vllm_max_model_length=cfg.rollout.max_model_len,
     )
+
+
+def peft_config(cfg):
+    """peft's LoraConfig for the rlsys config's `learner.lora` (None when it trains the whole model)."""
+    lora = cfg.learner.lora
+    if not lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,11 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     reward_fn, memory = TicTacToeReward(tokenizer), DeviceMemoryPeak()
     trainer = GRPOTrainer(model=args.model, reward_funcs=reward_fn, processing_class=tokenizer,
                           args=grpo_config(cfg, args.out, steps, args.cpu_smoke, args.vllm_memory),
-                          train_dataset=Dataset.from_list(rows), callbacks=[step_logger(args.out, reward_fn, memory)])
+                          train_dataset=Dataset.from_list(rows), callbacks=[step_logger(args.out, reward_fn, memory)],
+                          peft_config=peft_config(cfg))
     t_train = time.time()
     trainer.train()
     t_end = time.time()
-    trainer.save_model(str(args.out / "final"))
+    if cfg.learner.lora.enabled:  # an adapter folder is not what `rlsys eval --ckpt` loads: merge it
+        trainer.model.merge_and_unload().save_pretrained(str(args.out / "final"))
+    else:
+        trainer.save_model(str(args.out / "final"))
     tokenizer.save_pretrained(str(args.out / "final"))
 
     lines = [json.loads(x) for x in (args.out / "steps.jsonl").read_text().splitlines()]

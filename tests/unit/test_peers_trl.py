@@ -75,3 +75,15 @@ def test_prompts_are_rlsys_training_boards_rendered_with_the_tool(tiny_model_pat
     proxy_ids = tok.apply_chat_template(messages_for(first["board"]), tools=[CHOOSE_SQUARE_TOOL],
                                         add_generation_prompt=True, tokenize=True, return_dict=False)
     assert tok(first["prompt"])["input_ids"] == list(proxy_ids)
+
+
+def test_peft_config_mirrors_the_configs_lora():
+    cfg = load_config(REPO / "configs/tictactoe-qwen0.5b.toml")
+    assert cfg.learner.lora.enabled  # the GPU recipe trains LoRA: so must the peer
+    lora = peer.peft_config(cfg)
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (cfg.learner.lora.rank, cfg.learner.lora.alpha,
+                                                            cfg.learner.lora.dropout)
+    assert set(lora.target_modules) == set(cfg.learner.lora.target_modules)
+    full = cfg.model_copy(update={"learner": cfg.learner.model_copy(
+        update={"lora": cfg.learner.lora.model_copy(update={"enabled": False})})})
+    assert peer.peft_config(full) is None
