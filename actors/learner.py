@@ -42,6 +42,7 @@ from rlsys.algos import (GRPOConfig, GSPOConfig, RegularizerConfig, group_advant
 from rlsys.config import AlgoConfig, LearnerConfig, ModelConfig
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported)
+from rlsys.sampling import training_reward
 from rlsys.types import Segment, Trajectory
 from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES, BucketPacker
 
@@ -283,7 +284,9 @@ class Learner:
         return out
 
     def _policy_rows(self, trajs: list[Trajectory]) -> tuple[list[_Row], dict[str, float]]:
-        rewards = torch.tensor([t.reward if not t.failed else 0.0 for t in trajs], dtype=torch.float32)  # (N,)
+        penalty = self.cfg.algo.truncated_penalty  # cut-off answers: less reward (rlsys/sampling.py)
+        rewards = torch.tensor([training_reward(t, penalty) if not t.failed else 0.0 for t in trajs],
+                               dtype=torch.float32)  # (N,)
         groups = torch.tensor([t.group for t in trajs], dtype=torch.long)  # (N,)
         valid = torch.tensor([not t.failed and t.response_len > 0 for t in trajs], dtype=torch.bool)  # (N,)
         masked = torch.tensor([self.cfg.algo.mask_truncated and t.truncated_turns > 0 for t in trajs],
@@ -291,6 +294,9 @@ class Learner:
         valid &= ~masked
         adv, metrics = group_advantages(rewards, groups, valid, eps=self.cfg.algo.adv_eps)
         metrics["adv/truncated_masked_frac"] = float(masked.float().mean()) if len(trajs) else 0.0
+        if penalty:
+            metrics["adv/truncated_penalized_frac"] = sum(t.truncated_turns > 0 and not t.failed
+                                                          for t in trajs) / max(len(trajs), 1)
         # A multi-turn trajectory that broke into k segments is k rows: each carries A/k and weight 1/k, so
         # the trajectory counts once in the loss (scaling A by w > 0 commutes with GSPO's min/clip).
         rows = []

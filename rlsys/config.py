@@ -199,6 +199,13 @@ class AlgoConfig(_Section):
     """Leave trajectories with a turn cut at `max_new_tokens` out of the advantages and the loss (TRL's
     `mask_truncated_completions`, DAPO's overlong filtering), so that a cut-off answer whose opening still
     scores is not reinforced into ever longer answers. Counted in `adv/truncated_masked_frac`."""
+    truncated_penalty: float = Field(0.0, ge=0.0)
+    """Subtracted from the reward of a trajectory with a turn cut at `max_new_tokens`, in its group's advantages and
+    in dynamic sampling's filter; the logged rewards and the evals stay the environment's (DAPO's overlong
+    punishment, in its hard form). The alternative to `mask_truncated` where masking leaves nothing to learn from:
+    once nearly every answer runs on to the cut, masked answers carry no signal that would shorten them, penalised
+    ones do (a Qwen 0.5B full fine-tune froze that way, docs/results.md). 0 = off; exclusive with mask_truncated.
+    Counted in `adv/truncated_penalized_frac`."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """GSPO/GRPO: entropy bonus, `loss -= entropy_coef * mean token entropy` over the sampled tokens (verl's
     `entropy_coeff`; rlsys/algos/regularizers.py). 0 = none. The entropy itself is logged every step either way
@@ -475,6 +482,9 @@ class Config(_Section):
                 f"rollout.max_new_tokens: {r.max_new_tokens} leaves no room for a prompt within "
                 f"rollout.max_model_len {r.max_model_len}"
             )
+        if self.algo.mask_truncated and self.algo.truncated_penalty:
+            raise ValueError("algo.truncated_penalty: cut-off answers are either left out (algo.mask_truncated) or "
+                             "penalised, not both; set one of them")
         lora = self.learner.lora
         if lora.enabled and r.drop_rollout_state:
             raise ValueError("learner.lora: a push carries only the adapter, but rollout.drop_rollout_state (sleep "

@@ -20,7 +20,8 @@ its first round, and otherwise needs one extra round, not one round trip per gro
 
 "Valid" is the learner's own definition, so that a kept group has signal in the advantage code too: not failed, a
 non-empty response, and (under `algo.mask_truncated`) no turn cut at `max_new_tokens`. A group with fewer than two
-valid members has no signal. Departures from DAPO/verl, on purpose: verl raises once `max_num_gen_batches` is
+valid members has no signal. The rewards compared are the learner's too (`training_reward`: less
+`algo.truncated_penalty` for a cut-off answer). Departures from DAPO/verl, on purpose: verl raises once `max_num_gen_batches` is
 reached; here the step trains on what was kept (and skips the update when nothing was). The surplus of the last
 round is dropped in sampling order (earlier rounds and lower group ids first), not at random.
 """
@@ -45,14 +46,21 @@ def is_valid(s: _Summary, mask_truncated: bool = False) -> bool:
     return not s.failed and s.response_len > 0 and not (mask_truncated and s.truncated_turns > 0)
 
 
-def group_signal(summaries: Iterable[_Summary], mask_truncated: bool = False) -> dict[int, bool]:
-    """Group id -> whether the group carries a learning signal (>= 2 valid members whose rewards differ), in the
-    order the groups first appear."""
+def training_reward(s: _Summary, truncated_penalty: float = 0.0) -> float:
+    """The reward the advantages see: the environment's, less ``truncated_penalty`` (`algo.truncated_penalty`) when
+    a turn was cut at `max_new_tokens`."""
+    return float(s.reward) - (truncated_penalty if s.truncated_turns > 0 else 0.0)
+
+
+def group_signal(summaries: Iterable[_Summary], mask_truncated: bool = False,
+                 truncated_penalty: float = 0.0) -> dict[int, bool]:
+    """Group id -> whether the group carries a learning signal (>= 2 valid members whose training rewards differ),
+    in the order the groups first appear."""
     rewards: dict[int, list[float]] = {}
     for s in summaries:
         mine = rewards.setdefault(s.group, [])
         if is_valid(s, mask_truncated):
-            mine.append(float(s.reward))
+            mine.append(training_reward(s, truncated_penalty))
     return {g: len(r) >= 2 and min(r) != max(r) for g, r in rewards.items()}
 
 
@@ -75,6 +83,7 @@ class GroupSieve:
     max_rounds: int = 1  # `algo.max_sample_rounds`: rounds of sampling per step, the first included
     max_oversample: float = 4.0  # `algo.max_oversample`: at most this many boards per missing group in a top-up
     mask_truncated: bool = False  # `algo.mask_truncated`: cut-off trajectories are not valid members
+    truncated_penalty: float = 0.0  # `algo.truncated_penalty`: less reward for cut-off trajectories
     enabled: bool = True
     rounds: int = 0
     groups_seen: int = 0  # groups sampled so far; the next round's group ids start here
@@ -84,7 +93,7 @@ class GroupSieve:
 
     def add(self, summaries: Iterable[_Summary]) -> None:
         """One round's summaries (all its groups, every member)."""
-        signal = group_signal(summaries, self.mask_truncated)
+        signal = group_signal(summaries, self.mask_truncated, self.truncated_penalty)
         self.rounds += 1
         self.groups_seen += len(signal)
         self.zero_var += sum(not s for s in signal.values())

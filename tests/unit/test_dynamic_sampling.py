@@ -166,3 +166,18 @@ def test_the_signal_rate_is_saved_with_the_cursor():
     del state["signal_rate"]  # a checkpoint from before the rate: starts from 1.0
     again.load_state_dict(state)
     assert again.signal_rate == 1.0
+
+
+def test_a_truncated_penalty_gives_signal_to_a_group_whose_rewards_agree_only_before_it():
+    from rlsys.sampling import training_reward
+
+    # every answer scored 0.5, one of them ran on to the cut: the penalty makes it the worse one
+    same = [summary(0, 0.5), summary(0, 0.5), summary(0, 0.5, truncated=1)]
+    assert group_signal(same) == {0: False}
+    assert group_signal(same, truncated_penalty=1.0) == {0: True}
+    assert [training_reward(s, 1.0) for s in same] == [0.5, 0.5, -0.5]
+    # all cut: equal again, no signal (the penalty shifts, it does not separate)
+    assert group_signal([summary(0, 0.5, truncated=1), summary(0, 0.5, truncated=2)], truncated_penalty=1.0) == {0: False}
+    sieve = GroupSieve(want=1, truncated_penalty=1.0)
+    sieve.add(same)
+    assert sieve.kept() == {0}

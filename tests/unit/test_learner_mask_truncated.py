@@ -40,3 +40,27 @@ def test_rollout_metrics_count_trajectories_with_a_cut_turn():
 
     m = rollout_metrics([summary(0, 0), summary(1, 2), summary(2, 0), summary(3, 1)])
     assert m["rollout/truncated_frac"] == 0.5  # trajectories, not turns
+
+
+def test_a_truncated_penalty_lowers_the_cut_answers_reward_in_the_advantages(tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    trajs = _trajectories()  # one group, rewards 1.0, 0.0, 0.5, -1.0
+    trajs[0].truncated_turns = 1  # the best-rewarded answer was cut at max_tokens
+    learner = make_learner(job_config(tmp_path, "algo.truncated_penalty=1.5"), tiny_model_path)
+    rows, metrics = learner._policy_rows(trajs)
+
+    assert [r.segment for r in rows] == [t.segments[0] for t in trajs]  # nothing left out
+    rewards = torch.tensor([1.0 - 1.5, 0.0, 0.5, -1.0])
+    expected, _ = group_advantages(rewards, torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool),
+                                   eps=learner.cfg.algo.adv_eps)
+    assert [r.advantage for r in rows] == pytest.approx(expected.tolist())
+    assert rows[0].advantage < 0 and trajs[0].reward == 1.0  # below the baseline now; the logged reward unchanged
+    assert metrics["adv/truncated_penalized_frac"] == 0.25 and metrics["adv/truncated_masked_frac"] == 0.0
+
+
+def test_masking_and_penalising_cut_off_answers_together_is_refused():
+    from rlsys.config import load_config
+
+    with pytest.raises(ValueError, match="algo.truncated_penalty: cut-off answers are either left out"):
+        load_config(overrides=["algo.mask_truncated=true", "algo.truncated_penalty=1.0"])
