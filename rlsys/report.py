@@ -207,6 +207,16 @@ def _window_means(run: Run, key: str, window: int) -> tuple[float | None, float 
     return over(run.rows[:window]), over(run.rows[-window:])
 
 
+def _wall_s(run: Run, step_s: list[float], evals: list[dict[str, float | None]]) -> float | None:
+    """The run's seconds from its command to the end of its last eval, from what it logged: the start-up (the
+    first row's `startup/job_ready_s`), every step's `time/step` and every eval's `time/eval`. None without the
+    start-up (a resumed or older run)."""
+    ready = as_float(run.rows[0].get("startup/job_ready_s")) if run.rows else None
+    if ready is None:
+        return None
+    return ready + sum(step_s) + sum(e.get("time/eval") or 0.0 for e in evals)
+
+
 def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
     """One row per run for a table of variants x seeds: steps and steps with an update, the first/last-``window``
     means of reward, zero-variance group fraction (before dynamic sampling's filter), entropy and truncated
@@ -228,6 +238,7 @@ def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
             "entropy": _window_means(run, "train/entropy", window),
             "truncated_last": _window_means(run, "rollout/truncated_frac", window)[1],
             "step_s_median": sorted(step_s)[len(step_s) // 2] if step_s else None,
+            "wall_s": _wall_s(run, step_s, evals),
             "eval_steps": (start.get("step"), end.get("step")),
             "heldout": {k.removeprefix("eval/"): (start.get(k), end.get(k)) for k in end
                         if is_eval_rate(k) and end.get(k) is not None},
@@ -243,7 +254,7 @@ def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] 
     names = rates or list(dict.fromkeys(k for r in rows for k in r["heldout"]))
     pair = lambda ab, spec=".3f": f"{_fmt(ab[0], spec)} -> {_fmt(ab[1], spec)}"  # noqa: E731
     header = ["run", "steps", "with an update", f"reward first -> last {window}", "zero-var first -> last",
-              "entropy first -> last", f"cut off, last {window}", "median step s",
+              "entropy first -> last", f"cut off, last {window}", "median step s", "wall min",
               *[f"held-out {n.removesuffix('_rate')}" for n in names], "perturbed reward, end"]
     table = [header, ["---"] * len(header)]
 
@@ -251,6 +262,7 @@ def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] 
         spread = r["perturbed_reward"]
         return [r["run"], str(r["steps"]), str(r["updates"]), pair(r["reward"]), pair(r["zero_var"], ".2f"),
                 pair(r["entropy"]), _fmt(r["truncated_last"], ".2f"), _fmt(r["step_s_median"], ".2f"),
+                _fmt(None if r["wall_s"] is None else r["wall_s"] / 60, ".1f"),
                 *[pair(r["heldout"].get(n, (None, None))) for n in names],
                 "-" if spread is None else f"{spread[0]:.3f}-{spread[1]:.3f}"]
 
@@ -264,7 +276,7 @@ def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] 
             "updates": f"{avg([r['updates'] for r in rows]):.0f}", "reward": both(lambda r: r["reward"]),
             "zero_var": both(lambda r: r["zero_var"]), "entropy": both(lambda r: r["entropy"]),
             "truncated_last": avg([r["truncated_last"] for r in rows]),
-            "step_s_median": avg([r["step_s_median"] for r in rows]),
+            "step_s_median": avg([r["step_s_median"] for r in rows]), "wall_s": avg([r["wall_s"] for r in rows]),
             "heldout": {n: both(lambda r, n=n: r["heldout"].get(n, (None, None))) for n in names},
             "perturbed_reward": (min(s[0] for s in spreads), max(s[1] for s in spreads)) if spreads else None}))
     return "\n".join("| " + " | ".join(row) + " |" for row in table)

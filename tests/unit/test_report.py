@@ -134,13 +134,20 @@ def test_several_runs_make_one_table_a_row_each_and_their_mean(tmp_path, capsys)
     assert "win_episodes" not in ra["heldout"] and ra["perturbed_reward"] is None
     assert rb["perturbed_reward"] == (0.1, 0.3)  # the perturbations' mean rewards, not the error table's rates
     assert ra["step_s_median"] == 4.0 and ra["eval_steps"] == (0, 24)
+    assert ra["wall_s"] is None  # no start-up logged: no estimate
+    rows[0]["startup/job_ready_s"] = 60.0
+    evals[0]["time/eval"], evals[-1]["time/eval"] = 10.0, 20.0
+    (b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (b / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    rb = compare_runs([load_run(b)], window=10)[0]
+    assert rb["wall_s"] == pytest.approx(60.0 + 30 * 4.0 + 10.0 + 20.0)  # start-up + steps + evals
 
     assert main([str(a), str(b), "--window", "10", "--mean", "--rates", "legal_move_rate,rewards_mean"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("| run | steps | with an update | reward first -> last 10 |")
+    assert out[0].startswith("| run | steps | with an update | reward first -> last 10 |") and "| wall min |" in out[0]
     assert out[0].rstrip().endswith("| held-out legal_move | held-out rewards_mean | perturbed reward, end |")
     assert out[2].startswith("| seed0 | 24 | 24 | -0.775 -> -0.075 |") and "| 0.100 -> 0.700 | -0.900 -> 0.200 |" in out[2]
-    assert out[3].endswith("| 0.100-0.300 |")
+    assert out[3].endswith("| 0.100-0.300 |") and "| 4.00 | 3.5 |" in out[3]  # median step, wall minutes
     assert out[4].startswith("| mean of 2 | 27 | 24 |") and out[4].endswith("| 0.100-0.300 |")
     assert not (a / "plots").exists()  # several runs: the table only
 
