@@ -1,0 +1,156 @@
+"""How fast can the weight fingerprint be? Three ways to take the per-tensor bit sums of a Qwen2.5-0.5B-shaped push.
+
+    python scripts/fingerprint_bench.py [--repeats 20] [--out FILE.json]      # a CUDA GPU; torch only, no vLLM
+
+Issue 24, item 4 wants the per-push check to cost no more than the push (5.8 ms for these shapes on an H200).
+`rlsys.weights.fingerprint.tensor_sums` launches one reduction per tensor from Python (290 here), which measured
+13.8-14.0 ms a side in `jobs.bench sync`, whatever the tensors' sizes. Compared here, on the same 290 bf16 tensors:
+
+- eager: `tensor_sums` as rlsys runs it today;
+- graph: the same 290 reductions captured once into a CUDA graph writing one int64 vector (an engine's parameters
+  and a learner's buckets never move, so the capture stays valid), replayed per check;
+- flat: the tensors in one buffer at 128-element-aligned offsets (a learner's bucket is one buffer): one row-sum
+  kernel over rows of 128 elements, a cumulative sum and a gather give every tensor's sum in three kernels.
+
+Each check ends with the sums on the host (`.tolist()`), as the real one does. Every way must give the eager sums
+exactly (asserted). The same two ways are also timed accumulating in int32 (wrapping: still exact modulo 2**32). Prints one JSON object: the median ms of each over `--repeats` checks after two warm-ups.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from rlsys.weights.fingerprint import tensor_sums
+
+ROW = 128  # the flat layout's row: divides every tensor's element count here (the smallest, k/v biases, is 128)
+
+
+def qwen05b_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """The 290 tensors a Qwen2.5-0.5B push carries (the embedding is tied to the head and pushed once)."""
+    h, kv, inter = 896, 128, 4864
+    shapes = [("model.embed_tokens.weight", (151936, h))]
+    for i in range(24):
+        p = f"model.layers.{i}."
+        shapes += [(p + "self_attn.q_proj.weight", (h, h)), (p + "self_attn.q_proj.bias", (h,)),
+                   (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.k_proj.bias", (kv,)),
+                   (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.v_proj.bias", (kv,)),
+                   (p + "self_attn.o_proj.weight", (h, h)), (p + "mlp.gate_proj.weight", (inter, h)),
+                   (p + "mlp.up_proj.weight", (inter, h)), (p + "mlp.down_proj.weight", (h, inter)),
+                   (p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
+    return shapes + [("model.norm.weight", (h,))]
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    for _ in range(2):
+        out = fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out")
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    shapes = qwen05b_shapes()
+    sizes = [torch.Size(s).numel() for _, s in shapes]
+    assert all(n % ROW == 0 for n in sizes), "the flat layout needs every size to be a multiple of ROW"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    # separate allocations, as an engine's parameters
+    named = [(name, torch.randn(s, device=dev, generator=gen, dtype=torch.float32).to(torch.bfloat16))
+             for name, s in shapes]
+    names = [n for n, _ in named]
+    eager_ms, eager = timed(lambda: tensor_sums(named), args.repeats)
+
+    # graph: the 290 reductions captured once into one int64 vector
+    out = torch.zeros(len(named), dtype=torch.int64, device=dev)
+    views = [t.view(torch.int16) for _, t in named]
+
+    def reductions():
+        for i, v in enumerate(views):
+            out[i] = v.sum(dtype=torch.int64)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        reductions()  # warm-up outside the capture (allocator, kernels)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        reductions()
+
+    def graph_check():
+        graph.replay()
+        return dict(zip(names, out.tolist()))
+
+    graph_ms, graphed = timed(graph_check, args.repeats)
+
+    # flat: one buffer (a learner's bucket), row sums, a cumulative sum, a gather
+    total = sum(sizes)
+    flat = torch.empty(total, dtype=torch.bfloat16, device=dev)
+    offsets, at = [], 0
+    for (_, t), n in zip(named, sizes):
+        flat[at:at + n].copy_(t.reshape(-1))
+        offsets.append(at)
+        at += n
+    ends = torch.tensor([(o + n) // ROW for o, n in zip(offsets, sizes)], device=dev)
+    starts = torch.tensor([o // ROW for o in offsets], device=dev)
+
+    def flat_check():
+        rows = flat.view(torch.int16).view(-1, ROW).sum(1, dtype=torch.int64)
+        csum = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), rows.cumsum(0)])
+        return dict(zip(names, (csum[ends] - csum[starts]).tolist()))
+
+    flat_ms, flat_sums = timed(flat_check, args.repeats)
+
+    # int32 accumulation: integer addition mod 2**32 is as exact and order-free as in int64 (the same wrap on both
+    # sides), a change of one int16 element can never be a multiple of 2**32, and the kernels move half the bytes
+    def eager32_check():
+        return torch.stack([v.sum(dtype=torch.int32) for v in views]).tolist()
+
+    def flat32_check():
+        rows = flat.view(torch.int16).view(-1, ROW).sum(1, dtype=torch.int32)
+        csum = torch.cat([torch.zeros(1, dtype=torch.int32, device=dev), rows.cumsum(0, dtype=torch.int32)])
+        return (csum[ends] - csum[starts]).tolist()
+
+    def words_check():  # bf16 pairs read as int32 words, summed mod 2**32: half the elements, no conversion
+        rows = flat.view(torch.int32).view(-1, ROW // 2).sum(1, dtype=torch.int32)
+        csum = torch.cat([torch.zeros(1, dtype=torch.int32, device=dev), rows.cumsum(0, dtype=torch.int32)])
+        return (csum[ends] - csum[starts]).tolist()
+
+    words_ms, _ = timed(words_check, args.repeats)
+    words32 = [t.view(torch.int32) for _, t in named]  # an engine's separate parameters, read as words
+    eager_words_ms, _ = timed(lambda: torch.stack([w.sum(dtype=torch.int32) for w in words32]).tolist(), args.repeats)
+    eager32_ms, eager32 = timed(eager32_check, args.repeats)
+    flat32_ms, flat32 = timed(flat32_check, args.repeats)
+    assert flat32 == eager32, "int32: the flat layout's sums differ from the per-tensor ones"
+    wrap = [(v + 2**31) % 2**32 - 2**31 for v in eager.values()]
+    int32_agrees = eager32 == wrap  # the int64 sums taken mod 2**32: what a wrapping int32 sum must give
+    assert graphed == eager, "the graph's sums differ from the eager ones"
+    assert flat_sums == eager, "the flat layout's sums differ from the eager ones"
+    gib = total * 2 / 2**30
+    result = {"tensors": len(named), "gib": round(gib, 3), "repeats": args.repeats, "eager_ms": round(eager_ms, 3),
+              "graph_ms": round(graph_ms, 3), "flat_ms": round(flat_ms, 3), "same_sums": True,
+              "eager_int32_ms": round(eager32_ms, 3), "flat_int32_ms": round(flat32_ms, 3),
+              "flat_int32_words_ms": round(words_ms, 3), "eager_int32_words_ms": round(eager_words_ms, 3),
+              "int32_equals_int64_mod_2_32": int32_agrees,
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    print(json.dumps(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
