@@ -21,9 +21,10 @@ its first round, and otherwise needs one extra round, not one round trip per gro
 "Valid" is the learner's own definition, so that a kept group has signal in the advantage code too: not failed, a
 non-empty response, and (under `algo.mask_truncated`) no turn cut at `max_new_tokens`. A group with fewer than two
 valid members has no signal. The rewards compared are the learner's too (`training_reward`: less
-`algo.truncated_penalty` for a cut-off answer). Departures from DAPO/verl, on purpose: verl raises once `max_num_gen_batches` is
-reached; here the step trains on what was kept (and skips the update when nothing was). The surplus of the last
-round is dropped in sampling order (earlier rounds and lower group ids first), not at random.
+`algo.truncated_penalty` for a cut-off answer). Departures from DAPO/verl, on purpose: verl raises once
+`max_num_gen_batches` is reached; here the step trains on what was kept (and skips the update when nothing was).
+The surplus of the last round is dropped in sampling order (earlier rounds and lower group ids first), not at
+random.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How fast can the weight fingerprint be? Three ways to take the per-tensor bit sums of a Qwen2.5-0.5B-shaped push.
+"""How fast can the weight fingerprint be? Ways to take the per-tensor bit sums of a Qwen2.5-0.5B-shaped push.
 
     python scripts/fingerprint_bench.py [--repeats 20] [--out FILE.json]      # a CUDA GPU; torch only, no vLLM
 
@@ -13,7 +13,9 @@ Issue 24, item 4 wants the per-push check to cost no more than the push (5.8 ms 
   kernel over rows of 128 elements, a cumulative sum and a gather give every tensor's sum in three kernels.
 
 Each check ends with the sums on the host (`.tolist()`), as the real one does. Every way must give the eager sums
-exactly (asserted). The same two ways are also timed accumulating in int32 (wrapping: still exact modulo 2**32). Prints one JSON object: the median ms of each over `--repeats` checks after two warm-ups.
+exactly (asserted). Eager and flat are also timed accumulating in int32 (wrapping: still exact modulo 2**32), and
+reading the bf16 pairs as int32 words (half the elements, no widening cast). Prints one JSON object: the median ms
+of each over `--repeats` checks after two warm-ups.
 """
 from __future__ import annotations
 
