@@ -177,7 +177,8 @@ def test_a_truncated_penalty_gives_signal_to_a_group_whose_rewards_agree_only_be
     assert group_signal(same, truncated_penalty=1.0) == {0: True}
     assert [training_reward(s, 1.0) for s in same] == [0.5, 0.5, -0.5]
     # all cut: equal again, no signal (the penalty shifts, it does not separate)
-    assert group_signal([summary(0, 0.5, truncated=1), summary(0, 0.5, truncated=2)], truncated_penalty=1.0) == {0: False}
+    all_cut = [summary(0, 0.5, truncated=1), summary(0, 0.5, truncated=2)]
+    assert group_signal(all_cut, truncated_penalty=1.0) == {0: False}
     sieve = GroupSieve(want=1, truncated_penalty=1.0)
     sieve.add(same)
     assert sieve.kept() == {0}
