@@ -18,8 +18,9 @@ The same work as configs/tictactoe-qwen0.5b.toml, without rlsys's extras:
   weights (rlsys's `fp32_master`; TRL's `bf16=True` with a float32 model), or, when the config trains LoRA (its
   default since 2026-12-03), peft's LoRA of the same rank, alpha, dropout and target modules on a bf16 base (peft
   keeps the adapters in float32, as rlsys does; TRL merges them into vLLM's weights each step), GSPO
-  (`importance_sampling_level="sequence"`, `loss_type="grpo"`: the mean over a sequence's tokens of a ratio that is one per sequence, then the
-  mean over sequences, as rlsys/algos/gspo.py) with rlsys's clip epsilons (3e-4 / 4e-4), no KL (beta 0);
+  (`importance_sampling_level="sequence"`, `loss_type="grpo"`: the mean over a sequence's tokens of a ratio that is
+  one per sequence, then the mean over sequences, as rlsys/algos/gspo.py) with rlsys's clip epsilons (3e-4 / 4e-4),
+  no KL (beta 0);
   `mask_truncated_completions` follows the config's `algo.mask_truncated`;
 - left out (rlsys's extras): dynamic sampling, decoupled logp_old, prefix sharing, the weight-push canary, evals.
   TRL keeps its defaults where rlsys has no counterpart (vLLM importance-sampling correction, CUDA graphs).
