@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsys.config import Config, ConfigError, leaf_items, load_config
-from rlsys.report import is_eval_rate, run_environment
+from rlsys.report import is_eval_rate, moving_mean, run_environment
 
 
 @dataclass
@@ -320,7 +320,7 @@ def plot_curves(stage_dir: Path, out: Path, summary: dict[str, Any] | None = Non
     axes = axes[0]
     for ax, (title, ys) in zip(axes, panels):
         ax.plot(steps, ys, lw=0.6, alpha=0.4, color="tab:blue")
-        ax.plot(steps, _moving_mean(ys, smooth), lw=2, color="tab:blue", label=f"mean of {smooth} steps")
+        ax.plot(steps, moving_mean(ys, smooth), lw=2, color="tab:blue", label=f"mean of {smooth} steps")
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
@@ -337,16 +337,6 @@ def plot_curves(stage_dir: Path, out: Path, summary: dict[str, Any] | None = Non
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
-    return out
-
-
-def _moving_mean(ys: list[float], k: int) -> list[float]:
-    out, acc = [], 0.0
-    for i, y in enumerate(ys):
-        acc += y
-        if i >= k:
-            acc -= ys[i - k]
-        out.append(acc / min(i + 1, k))
     return out
 
 

@@ -306,8 +306,15 @@ def _label_order(label: str, outcomes: tuple[str, ...]) -> tuple[int, str]:
 
 
 # --- plots ------------------------------------------------------------------------------------------
-def _moving_average(values: list[float], k: int) -> list[float]:
-    return [sum(values[max(0, i - k + 1): i + 1]) / len(values[max(0, i - k + 1): i + 1]) for i in range(len(values))]
+def moving_mean(ys: list[float], k: int) -> list[float]:
+    """The mean of each value and the up to ``k - 1`` before it (the first few average what there is)."""
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= k:
+            acc -= ys[i - k]
+        out.append(acc / min(i + 1, k))
+    return out
 
 
 COMPARED = (("rollout/rewards_mean", "rollout reward"), ("rollout/zero_var_group_frac", "zero-variance groups"),
@@ -325,15 +332,14 @@ def write_comparison_plot(runs: list[Run], path: str | Path, smooth: int = 10) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    variants = list(dict.fromkeys(re.sub(r"[-_]?(seed)?\d+$", "", r.path.name) or r.path.name for r in runs))
+    variant = [re.sub(r"[-_]?(seed)?\d+$", "", r.path.name) or r.path.name for r in runs]  # lora0 -> lora
+    colour = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(variant))}
     fig, axes = plt.subplots(len(COMPARED), 1, figsize=(7, 2.4 * len(COMPARED)), sharex=True)
-    for run in runs:
-        variant = re.sub(r"[-_]?(seed)?\d+$", "", run.path.name) or run.path.name
+    for run, v in zip(runs, variant):
         for ax, (key, _) in zip(axes, COMPARED):
             steps, values = run.series(key)
             if steps:
-                ax.plot(steps, _moving_average(values, smooth), color=f"C{variants.index(variant)}", lw=1.2,
-                        label=run.path.name)
+                ax.plot(steps, moving_mean(values, smooth), color=colour[v], lw=1.2, label=run.path.name)
     for ax, (_, what) in zip(axes, COMPARED):
         ax.set(ylabel=what)
         ax.grid(alpha=0.3)
@@ -388,7 +394,7 @@ def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path]
                 marker="o" if len(steps) < 30 else None, ms=3, label="rollout mean")
         if len(steps) >= 20:  # a batch is a few dozen episodes: the trend needs smoothing to be seen
             k = max(5, len(steps) // 10)
-            ax.plot(steps, _moving_average(mean, k), color="navy", lw=2, label=f"rollout mean, {k}-step average")
+            ax.plot(steps, moving_mean(mean, k), color="navy", lw=2, label=f"rollout mean, {k}-step average")
         ev = [(e["step"], as_float(e.get("eval/rewards_mean"))) for e in run.evals]
         ev = [(s, v) for s, v in ev if v is not None]
         if ev:

@@ -163,9 +163,9 @@ def _mean_of(xs):
 
 
 def test_plot_of_several_runs_is_one_png_and_refused_for_one(tmp_path, capsys):
-    from rlsys.report import _moving_average
+    from rlsys.report import moving_mean
 
-    assert _moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert moving_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     a, b = make_run(tmp_path / "lora0"), make_run(tmp_path / "full1", steps=30)
     png = tmp_path / "img" / "compare.png"
     assert main([str(a), str(b), "--plot", str(png)]) == 0
