@@ -108,10 +108,16 @@ def main() -> int:
     ends = torch.tensor([(o + n) // ROW for o, n in zip(offsets, sizes)], device=dev)
     starts = torch.tensor([o // ROW for o in offsets], device=dev)
 
+    def flat_sums(bits: torch.dtype, acc: torch.dtype) -> list[int]:
+        """Every tensor's sum from the flat buffer read as ``bits``: row sums in ``acc``, a cumulative sum, a
+        gather at the tensors' row bounds (int32: all of it wrapping mod 2**32)."""
+        words = flat.view(bits)
+        rows = words.view(-1, ROW * words.numel() // total).sum(1, dtype=acc)
+        csum = torch.cat([torch.zeros(1, dtype=acc, device=dev), rows.cumsum(0, dtype=acc)])
+        return (csum[ends] - csum[starts]).tolist()
+
     def flat_check():
-        rows = flat.view(torch.int16).view(-1, ROW).sum(1, dtype=torch.int64)
-        csum = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), rows.cumsum(0)])
-        return dict(zip(names, (csum[ends] - csum[starts]).tolist()))
+        return dict(zip(names, flat_sums(torch.int16, torch.int64)))
 
     flat_ms, flat_sums = timed(flat_check, args.repeats)
 
@@ -121,14 +127,10 @@ def main() -> int:
         return torch.stack([v.sum(dtype=torch.int32) for v in views]).tolist()
 
     def flat32_check():
-        rows = flat.view(torch.int16).view(-1, ROW).sum(1, dtype=torch.int32)
-        csum = torch.cat([torch.zeros(1, dtype=torch.int32, device=dev), rows.cumsum(0, dtype=torch.int32)])
-        return (csum[ends] - csum[starts]).tolist()
+        return flat_sums(torch.int16, torch.int32)
 
     def words_check():  # bf16 pairs read as int32 words, summed mod 2**32: half the elements, no conversion
-        rows = flat.view(torch.int32).view(-1, ROW // 2).sum(1, dtype=torch.int32)
-        csum = torch.cat([torch.zeros(1, dtype=torch.int32, device=dev), rows.cumsum(0, dtype=torch.int32)])
-        return (csum[ends] - csum[starts]).tolist()
+        return flat_sums(torch.int32, torch.int32)
 
     words_ms, _ = timed(words_check, args.repeats)
     words32 = [t.view(torch.int32) for _, t in named]  # an engine's separate parameters, read as words
