@@ -124,20 +124,27 @@ def plain_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attent
     With `entropy` ("grad" or "no_grad") also the (B, T-1) entropy of each position's distribution, from the
     same logits (see `_logprobs_from_logits`)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
-    return _logprobs_from_logits(logits[:, :-1].float(), input_ids[:, 1:], entropy)
+    return _logprobs_from_logits(logits, input_ids, entropy)
 
 
-def _logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor,
+def _logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor,
                           entropy: EntropyMode) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """logits (B, T, V), targets (B, T) -> logprobs (B, T), and with `entropy` the entropies (B, T): "grad" keeps
-    their graph (an entropy bonus), "no_grad" only reads the logits (the metric; no memory kept for backward)."""
-    logp = token_logprobs(logits, targets)
+    """logits (B, T, V) over input_ids (B, T) -> logprobs (B, T-1) of input_ids[:, 1:], and with `entropy` the
+    entropies (B, T-1): "grad" keeps their graph (an entropy bonus), "no_grad" only reads the logits (the metric; no
+    memory kept for backward).
+
+    The model's logits go in whole, in their own dtype: `token_logprobs` reads them in float32 chunks and keeps only
+    them and a logsumexp per row for backward. Neither `.float()` (a (B, T, V) float32 copy, kept for backward: the
+    5 GiB that ran a gsm job out of memory) nor the slice `[:, :-1]` (copied to be flattened) is taken; the last
+    position is scored against an arbitrary id of the row and dropped."""
+    targets = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)  # (B, T): the last column is dropped
+    logp = token_logprobs(logits, targets)[:, :-1]  # (B, T-1)
     if entropy is None:
         return logp
     if entropy == "grad":
-        return logp, token_entropy(logits)
+        return logp, token_entropy(logits)[:, :-1]
     with torch.no_grad():
-        return logp, token_entropy(logits)
+        return logp, token_entropy(logits)[:, :-1]
 
 
 def shared_token_logprobs(
@@ -206,7 +213,7 @@ def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: 
     positions = start[:, None] + torch.arange(S, device=device)[None, :]  # (B_s, S)
     logits = model(input_ids=suffix, attention_mask=mask, position_ids=positions, use_cache=True,
                    **{kw: cache}).logits  # (B_s, S, V)
-    out = _logprobs_from_logits(logits[:, :-1].float(), suffix[:, 1:], entropy)  # (B_s, S-1), or a pair
+    out = _logprobs_from_logits(logits, suffix, entropy)  # (B_s, S-1), or a pair
 
     # Phase 4: back onto the full rows' positions: suffix column j is full column start + j.
     k_idx, j_idx = [], []
