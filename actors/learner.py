@@ -292,7 +292,8 @@ class Learner:
         masked = torch.tensor([self.cfg.algo.mask_truncated and t.truncated_turns > 0 for t in trajs],
                               dtype=torch.bool)  # (N,) cut at max_tokens: out of the baseline and the loss
         valid &= ~masked
-        adv, metrics = group_advantages(rewards, groups, valid, eps=self.cfg.algo.adv_eps)
+        adv, metrics = group_advantages(rewards, groups, valid, eps=self.cfg.algo.adv_eps,
+                                        unanimous=self.cfg.algo.unanimous_baseline)
         metrics["adv/truncated_masked_frac"] = float(masked.float().mean()) if len(trajs) else 0.0
         if penalty:
             metrics["adv/truncated_penalized_frac"] = sum(t.truncated_turns > 0 and not t.failed

@@ -150,7 +150,8 @@ class Job:
         a = self.cfg.algo
         sieve = GroupSieve(want=self.cfg.rollout.batch_size, max_rounds=a.max_sample_rounds,
                            max_oversample=a.max_oversample, mask_truncated=a.mask_truncated,
-                           truncated_penalty=a.truncated_penalty, enabled=a.dynamic_sampling)
+                           truncated_penalty=a.truncated_penalty, enabled=a.dynamic_sampling,
+                           unanimous=a.unanimous_groups)
         refs: list[Any] = []
         summaries: list[TrajectorySummary] = []
         drawn: list[dict[str, Any]] = []  # group g's board is drawn[g]

@@ -232,11 +232,28 @@ class AlgoConfig(_Section):
     """Dynamic sampling's round sizes, at most this many boards per group wanted: the first round samples
     `batch_size` / (the recent share of groups with signal, `rollout/signal_rate`) boards, a top-up round (missing
     groups / keep rate so far this step), each all at once (a top-up's size too when nothing was kept yet)."""
+    unanimous_baseline: Literal["none", "batch"] = "none"
+    """GSPO/GRPO: the advantage of a *unanimous* group, one whose valid rewards all agree. `none`: 0, the group
+    teaches nothing (GRPO/GSPO as published). `batch`: its members' reward less the mean of the batch's valid
+    rewards, over their std (REINFORCE++'s batch baseline; action-independent, so unbiased), so a board the policy
+    answers the same way every time is still pushed: down when that answer scores below the batch, up when above.
+    Groups with signal keep their own baseline. Counted in `adv/unanimous_frac`. Under `dynamic_sampling` the
+    filter drops unanimous groups: `unanimous_groups` brings some into the batch."""
+    unanimous_groups: int = Field(0, ge=0)
+    """Under `dynamic_sampling` with `unanimous_baseline = "batch"`: up to this many of the step's unanimous groups
+    (with a valid member, in sampling order) join the `rollout.batch_size` groups with signal. They were sampled
+    anyway: no extra sampling, only learner time. Counted in `rollout/groups_unanimous_kept`."""
 
     @model_validator(mode="after")
     def _regularizers_need_a_policy_loss(self) -> AlgoConfig:
         if self.name == "sft" and (self.entropy_coef or self.kl_coef):
             raise ValueError("algo.entropy_coef / algo.kl_coef: GSPO/GRPO only (SFT's loss takes no regularizer)")
+        if self.name == "sft" and self.unanimous_baseline != "none":
+            raise ValueError("algo.unanimous_baseline: GSPO/GRPO only (SFT has no groups)")
+        if self.unanimous_groups and not (self.dynamic_sampling and self.unanimous_baseline == "batch"):
+            raise ValueError(f"algo.unanimous_groups = {self.unanimous_groups}: brings unanimous groups past dynamic "
+                             "sampling's filter for the batch baseline; set algo.dynamic_sampling = true and "
+                             "algo.unanimous_baseline = \"batch\" (without the filter every group is trained on)")
         return self
 
     def clip_eps(self) -> tuple[float, float]:

@@ -24,7 +24,8 @@ valid members has no signal. The rewards compared are the learner's too (`traini
 `algo.truncated_penalty` for a cut-off answer). Departures from DAPO/verl, on purpose: verl raises once
 `max_num_gen_batches` is reached; here the step trains on what was kept (and skips the update when nothing was).
 The surplus of the last round is dropped in sampling order (earlier rounds and lower group ids first), not at
-random.
+random. With `algo.unanimous_groups` (for `algo.unanimous_baseline = "batch"`), up to that many unanimous groups
+that have a valid member are kept besides, also in sampling order.
 """
 from __future__ import annotations
 
@@ -86,15 +87,20 @@ class GroupSieve:
     mask_truncated: bool = False  # `algo.mask_truncated`: cut-off trajectories are not valid members
     truncated_penalty: float = 0.0  # `algo.truncated_penalty`: less reward for cut-off trajectories
     enabled: bool = True
+    unanimous: int = 0  # `algo.unanimous_groups`: unanimous groups kept besides the `want` with signal
     rounds: int = 0
     groups_seen: int = 0  # groups sampled so far; the next round's group ids start here
     zero_var: int = 0  # sampled groups without signal
     with_signal: list[int] = field(default_factory=list)  # group ids with signal, in sampling order
     _kept: list[int] = field(default_factory=list)  # group ids kept, in sampling order (may exceed `want`)
+    _unanimous: list[int] = field(default_factory=list)  # groups without signal that have a valid member
 
     def add(self, summaries: Iterable[_Summary]) -> None:
         """One round's summaries (all its groups, every member)."""
+        summaries = list(summaries)
         signal = group_signal(summaries, self.mask_truncated, self.truncated_penalty)
+        with_valid = {s.group for s in summaries if is_valid(s, self.mask_truncated)}
+        self._unanimous += [g for g, s in signal.items() if not s and g in with_valid]
         self.rounds += 1
         self.groups_seen += len(signal)
         self.zero_var += sum(not s for s in signal.values())
@@ -116,8 +122,10 @@ class GroupSieve:
         return top_up_boards(self.want - len(self._kept), len(self._kept), self.groups_seen, self.max_oversample)
 
     def kept(self) -> set[int]:
-        """The group ids to train on: the first ``want`` kept, in sampling order."""
-        return set(self._kept[: self.want])
+        """The group ids to train on: the first ``want`` kept, in sampling order (and with ``unanimous`` the first
+        that many unanimous groups)."""
+        unanimous = self._unanimous[: self.unanimous] if self.enabled else []
+        return set(self._kept[: self.want]) | set(unanimous)
 
     def signal_share(self) -> float | None:
         """This step's share of sampled groups with signal (None before any round)."""
@@ -126,12 +134,16 @@ class GroupSieve:
     def metrics(self) -> dict[str, float]:
         """`rollout/groups_sampled`, `rollout/groups_kept` (what the learner gets), `rollout/groups_surplus` (had
         signal, dropped beyond `batch_size`), `rollout/zero_var_group_frac` (of the sampled groups, before the
-        filter: the learner's `adv/zero_var_group_frac` is the same measure after it), `rollout/sample_rounds`."""
+        filter: the learner's `adv/zero_var_group_frac` is the same measure after it), `rollout/sample_rounds`; with
+        ``unanimous``, `rollout/groups_unanimous_kept` (on top of `groups_kept`)."""
         kept = min(len(self._kept), self.want)
-        return {"rollout/groups_sampled": float(self.groups_seen), "rollout/groups_kept": float(kept),
-                "rollout/groups_surplus": float(len(self._kept) - kept),
-                "rollout/zero_var_group_frac": self.zero_var / self.groups_seen if self.groups_seen else 0.0,
-                "rollout/sample_rounds": float(self.rounds)}
+        out = {"rollout/groups_sampled": float(self.groups_seen), "rollout/groups_kept": float(kept),
+               "rollout/groups_surplus": float(len(self._kept) - kept),
+               "rollout/zero_var_group_frac": self.zero_var / self.groups_seen if self.groups_seen else 0.0,
+               "rollout/sample_rounds": float(self.rounds)}
+        if self.unanimous and self.enabled:
+            out["rollout/groups_unanimous_kept"] = float(min(len(self._unanimous), self.unanimous))
+        return out
 
 
 

@@ -17,6 +17,10 @@ Choices and departures from the papers, on purpose:
 - A group whose valid rewards are all equal (including a group with fewer than two valid members)
   carries no learning signal; every member gets exactly 0 (detected by comparing the group's min and
   max, so no ``0 / eps`` rounding noise and no NaN).
+- ``unanimous="batch"`` (`algo.unanimous_baseline`) gives such a *unanimous* group's valid members the batch's
+  baseline instead, REINFORCE++-style: ``(r_i - mean_B) / (std_B + eps)`` over every valid trajectory of the
+  batch. Still action-independent, so the gradient stays unbiased; it pushes a board the policy answers the same
+  way every time down when that answer scores below the batch, up when above. Groups with signal are unchanged.
 """
 from __future__ import annotations
 
@@ -29,14 +33,21 @@ def group_advantages(
     valid: torch.Tensor,  # (N,) bool: False for failed trajectories
     eps: float = 1e-6,
     scale: bool = True,
+    unanimous: str = "none",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-trajectory advantages ``(N,)`` (float32 or the rewards' float dtype) and metrics.
+
+    ``unanimous``: ``"none"`` (0 for the members of a group without signal) or ``"batch"`` (the batch baseline for
+    them, see the module docstring).
 
     Metrics:
       ``adv/zero_var_group_frac``: fraction of groups that give no learning signal (fewer than two valid
       members, or all valid rewards equal); ``adv/valid_frac``: fraction of valid trajectories;
-      ``adv/abs_mean``: mean |A| over valid trajectories.
+      ``adv/abs_mean``: mean |A| over valid trajectories; with ``unanimous="batch"`` also ``adv/unanimous_frac``,
+      the fraction of valid trajectories that got the batch baseline.
     """
+    if unanimous not in ("none", "batch"):
+        raise ValueError(f"group_advantages: unanimous must be 'none' or 'batch', got {unanimous!r}")
     if rewards.dim() != 1 or group_ids.shape != rewards.shape or valid.shape != rewards.shape:
         raise ValueError(
             f"group_advantages: rewards {tuple(rewards.shape)}, group_ids {tuple(group_ids.shape)} "
@@ -78,9 +89,18 @@ def group_advantages(
     adv = torch.where(valid & ~no_signal[group], adv, torch.zeros_like(adv))
 
     num_valid = int(valid.sum())
+    batch_baseline = valid & no_signal[group]  # (N,) valid members of unanimous groups
+    if unanimous == "batch" and num_valid >= 2 and bool(batch_baseline.any()):
+        batch_dev = r - r[valid].mean()  # (N,)
+        batch_std = r[valid].std()  # Bessel-corrected, as the groups' std
+        if float(r[valid].max()) != float(r[valid].min()):  # a batch whose rewards all agree has no baseline either
+            unan = batch_dev / (batch_std + eps) if scale else batch_dev
+            adv = torch.where(batch_baseline, unan, adv)
     metrics = {
         "adv/zero_var_group_frac": float(no_signal.to(dtype).mean()),
         "adv/valid_frac": num_valid / n,
         "adv/abs_mean": float(adv[valid].abs().mean()) if num_valid else 0.0,
     }
+    if unanimous == "batch":
+        metrics["adv/unanimous_frac"] = float(batch_baseline.sum()) / max(num_valid, 1)
     return adv, metrics

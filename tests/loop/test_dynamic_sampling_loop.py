@@ -79,3 +79,25 @@ def test_a_reward_that_never_differs_ends_at_the_cap_and_skips_the_update(ray_lo
     assert row["train/skipped_batch"] == 1.0
     assert "none of 4 groups sampled in 2 round(s)" in capsys.readouterr().out
     assert _cursor(run_dir, 1) == 4
+
+
+def test_unanimous_groups_reach_the_learner_with_the_batch_baseline(ray_local, tmp_path):
+    """`algo.unanimous_groups`: settled boards (every sample 0.5) pass the filter, up to 2 a step, and the learner
+    gives them the batch baseline (the unsettled boards' rewards differ from 0.5, so it is not 0)."""
+    from jobs.train import run_training
+    from rlsys.metrics import read_metrics
+
+    cfg = job_config(tmp_path, "algo.dynamic_sampling=true", "algo.max_sample_rounds=3", "algo.max_oversample=2",
+                     "algo.unanimous_baseline=batch", "algo.unanimous_groups=2", max_steps="2",
+                     agent_fn=str(PLUGINS / "recording_agent.py"), reward_fn_path=str(PLUGINS / "settled_reward.py"))
+    rows = read_metrics(run_training(cfg) / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["rollout/groups_kept"] <= 2 and r["rollout/groups_unanimous_kept"] <= 2
+        # what the learner got: the kept groups with signal and the unanimous ones, nothing else
+        total = r["rollout/groups_kept"] + r["rollout/groups_unanimous_kept"]
+        assert r["adv/zero_var_group_frac"] == pytest.approx(r["rollout/groups_unanimous_kept"] / total), r
+        assert r["adv/unanimous_frac"] == pytest.approx(r["rollout/groups_unanimous_kept"] / total), r
+        if r["rollout/groups_kept"] and r["rollout/groups_unanimous_kept"]:  # a nonzero advantage for every member
+            assert r["train/active_frac"] == 1.0, r
+    assert any(r["rollout/groups_unanimous_kept"] > 0 for r in rows), "no settled board was sampled in two steps"

@@ -97,3 +97,29 @@ def test_valid_advantages_sum_to_zero_per_group_and_order_does_not_matter(rows, 
         [rewards[i] for i in order], [groups[i] for i in order], valid=[valid[i] for i in order]
     )
     torch.testing.assert_close(shuffled, adv[order])
+
+
+def test_unanimous_groups_get_the_batch_baseline_and_groups_with_signal_keep_their_own():
+    # group 0 has signal (1, 0); group 1 answers 0 every time (a weaker move), group 2 always 1; one failed member
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    groups = [0, 0, 1, 1, 2, 2, 2]
+    valid = [True, True, True, True, True, True, False]
+    none, m_none = _adv(rewards, groups, valid, eps=0.0)
+    batch, m = _adv(rewards, groups, valid, eps=0.0, unanimous="batch")
+    torch.testing.assert_close(batch[:2], none[:2])  # the group with signal: its own baseline
+    r = torch.tensor(rewards[:6])
+    expected = (r - r.mean()) / r.std()  # mean 0.5 over the six valid, sample std
+    torch.testing.assert_close(batch[2:6], expected[2:6])
+    assert (batch[2:4] < 0).all() and (batch[4:6] > 0).all()  # the weaker answer down, the better one up
+    assert batch[6] == 0.0 and none[2:].abs().sum() == 0.0  # failed: never; "none": unanimous groups teach nothing
+    assert m["adv/unanimous_frac"] == pytest.approx(4 / 6) and "adv/unanimous_frac" not in m_none
+    assert m["adv/zero_var_group_frac"] == m_none["adv/zero_var_group_frac"] == pytest.approx(2 / 3)
+
+
+def test_the_batch_baseline_gives_nothing_when_the_whole_batch_agrees_or_has_one_valid_member():
+    adv, m = _adv([1.0, 1.0, 1.0, 1.0], [0, 0, 1, 1], unanimous="batch")
+    assert adv.abs().sum() == 0.0 and m["adv/unanimous_frac"] == 1.0
+    adv, _ = _adv([1.0, 0.0], [0, 1], [True, False], unanimous="batch")
+    assert adv.abs().sum() == 0.0
+    with pytest.raises(ValueError, match="unanimous must be"):
+        _adv([1.0, 0.0], [0, 0], unanimous="group")

@@ -182,3 +182,32 @@ def test_a_truncated_penalty_gives_signal_to_a_group_whose_rewards_agree_only_be
     sieve = GroupSieve(want=1, truncated_penalty=1.0)
     sieve.add(same)
     assert sieve.kept() == {0}
+
+
+def test_unanimous_groups_join_the_batch_up_to_their_count_in_sampling_order():
+    sieve = GroupSieve(want=2, max_rounds=3, unanimous=2)
+    failed_only = [summary(3, 0.0, failed=True), summary(3, 0.0, failed=True)]  # unanimous, but no valid member
+    sieve.add(groups([1, 1], [0, 1], [0, 0]) + failed_only)  # groups 0..3: 1 has signal, 0 and 2 unanimous
+    assert sieve.kept() == {0, 1, 2}  # 1 with signal; the two unanimous with a valid member; never 3
+    sieve.add(groups([0, 0], [1, 0], [0, 1], first=sieve.groups_seen))  # 4 unanimous, 5 and 6 with signal
+    assert sieve.kept() == {0, 1, 2, 5}  # want 2 with signal (1, 5), unanimous still the first two (0, 2)
+    m = sieve.metrics()
+    assert m["rollout/groups_kept"] == 2.0 and m["rollout/groups_unanimous_kept"] == 2.0
+    assert m["rollout/zero_var_group_frac"] == pytest.approx(4 / 7)
+    assert sieve.next_round() == 0  # the unanimous groups do not count towards `want`: it was full with 1 and 5
+    assert "rollout/groups_unanimous_kept" not in GroupSieve(want=2).metrics()
+
+
+def test_unanimous_groups_need_the_batch_baseline_and_the_filter():
+    from rlsys.config import ConfigError, load_config
+
+    cfg = load_config(overrides=["algo.dynamic_sampling=true", "algo.unanimous_baseline=batch",
+                                 "algo.unanimous_groups=4"])
+    assert (cfg.algo.unanimous_baseline, cfg.algo.unanimous_groups) == ("batch", 4)
+    assert load_config().algo.unanimous_baseline == "none"
+    with pytest.raises(ConfigError, match="algo.unanimous_groups = 4"):
+        load_config(overrides=["algo.dynamic_sampling=true", "algo.unanimous_groups=4"])
+    with pytest.raises(ConfigError, match="algo.unanimous_groups = 2"):
+        load_config(overrides=["algo.unanimous_baseline=batch", "algo.unanimous_groups=2"])
+    with pytest.raises(ConfigError, match="algo.unanimous_baseline: GSPO/GRPO only"):
+        load_config(overrides=["algo.name=sft", "algo.unanimous_baseline=batch"])

@@ -64,3 +64,38 @@ def test_masking_and_penalising_cut_off_answers_together_is_refused():
 
     with pytest.raises(ValueError, match="algo.truncated_penalty: cut-off answers are either left out"):
         load_config(overrides=["algo.mask_truncated=true", "algo.truncated_penalty=1.0"])
+
+
+def _unanimous_batch():
+    """Group 0 with signal (1.0, 0.0, 0.5, -1.0) and group 1 answering the same weaker way 4 times (0.0 each)."""
+    import copy
+
+    trajs = _trajectories()
+    for t in _trajectories():
+        u = copy.deepcopy(t)
+        u.group, u.reward = 1, 0.0
+        trajs.append(u)
+    return trajs
+
+
+@pytest.mark.parametrize("baseline", ["none", "batch"])
+def test_a_unanimous_group_is_trained_only_with_the_batch_baseline(tmp_path, tiny_model_path, baseline):
+    from tests.conftest import make_learner
+
+    trajs = _unanimous_batch()
+    learner = make_learner(job_config(tmp_path, f"algo.unanimous_baseline={baseline}"), tiny_model_path)
+    rows, metrics = learner._policy_rows(trajs)
+    signal, unanimous = [r.advantage for r in rows[:4]], [r.advantage for r in rows[4:]]
+    expected, _ = group_advantages(torch.tensor([1.0, 0.0, 0.5, -1.0]), torch.zeros(4, dtype=torch.long),
+                                   torch.ones(4, dtype=torch.bool), eps=learner.cfg.algo.adv_eps)
+    assert signal == pytest.approx(expected.tolist())  # the group with signal: its own baseline either way
+    if baseline == "none":
+        assert unanimous == [0.0] * 4 and "adv/unanimous_frac" not in metrics
+    else:  # 0.0 against the batch mean 0.0625 of the eight: below it, pushed down
+        rewards = torch.tensor([t.reward for t in trajs])
+        below = float((0.0 - rewards.mean()) / (rewards.std() + learner.cfg.algo.adv_eps))
+        assert unanimous == pytest.approx([below] * 4) and below < 0
+        assert metrics["adv/unanimous_frac"] == 0.5
+    stats = learner.train(trajs)
+    assert stats["train/active_frac"] == (1.0 if baseline == "batch" else 0.5)
+    assert learner.last_trained()[4:] == ([t.segments[0] for t in trajs[4:]] if baseline == "batch" else [])
