@@ -119,7 +119,7 @@ def main() -> int:
     def flat_check():
         return dict(zip(names, flat_sums(torch.int16, torch.int64)))
 
-    flat_ms, flat_sums = timed(flat_check, args.repeats)
+    flat_ms, flat_by_name = timed(flat_check, args.repeats)
 
     # int32 accumulation: integer addition mod 2**32 is as exact and order-free as in int64 (the same wrap on both
     # sides), a change of one int16 element can never be a multiple of 2**32, and the kernels move half the bytes
@@ -141,7 +141,7 @@ def main() -> int:
     wrap = [(v + 2**31) % 2**32 - 2**31 for v in eager.values()]
     int32_agrees = eager32 == wrap  # the int64 sums taken mod 2**32: what a wrapping int32 sum must give
     assert graphed == eager, "the graph's sums differ from the eager ones"
-    assert flat_sums == eager, "the flat layout's sums differ from the eager ones"
+    assert flat_by_name == eager, "the flat layout's sums differ from the eager ones"
     gib = total * 2 / 2**30
     result = {"tensors": len(named), "gib": round(gib, 3), "repeats": args.repeats, "eager_ms": round(eager_ms, 3),
               "graph_ms": round(graph_ms, 3), "flat_ms": round(flat_ms, 3), "same_sums": True,
