@@ -54,16 +54,28 @@ def training_reward(s: _Summary, truncated_penalty: float = 0.0) -> float:
     return float(s.reward) - (truncated_penalty if s.truncated_turns > 0 else 0.0)
 
 
-def group_signal(summaries: Iterable[_Summary], mask_truncated: bool = False,
-                 truncated_penalty: float = 0.0) -> dict[int, bool]:
-    """Group id -> whether the group carries a learning signal (>= 2 valid members whose training rewards differ),
-    in the order the groups first appear."""
+def valid_rewards(summaries: Iterable[_Summary], mask_truncated: bool = False,
+                  truncated_penalty: float = 0.0) -> dict[int, list[float]]:
+    """Group id -> the training rewards of its valid members (none for a group without one), in the order the
+    groups first appear."""
     rewards: dict[int, list[float]] = {}
     for s in summaries:
         mine = rewards.setdefault(s.group, [])
         if is_valid(s, mask_truncated):
             mine.append(training_reward(s, truncated_penalty))
-    return {g: len(r) >= 2 and min(r) != max(r) for g, r in rewards.items()}
+    return rewards
+
+
+def has_signal(rewards: list[float]) -> bool:
+    """Whether a group's valid rewards carry a learning signal: at least two, and not all equal."""
+    return len(rewards) >= 2 and min(rewards) != max(rewards)
+
+
+def group_signal(summaries: Iterable[_Summary], mask_truncated: bool = False,
+                 truncated_penalty: float = 0.0) -> dict[int, bool]:
+    """Group id -> whether the group carries a learning signal (>= 2 valid members whose training rewards differ),
+    in the order the groups first appear."""
+    return {g: has_signal(r) for g, r in valid_rewards(summaries, mask_truncated, truncated_penalty).items()}
 
 
 def top_up_boards(missing: int, kept: int, sampled: int, max_oversample: float) -> int:
@@ -97,10 +109,9 @@ class GroupSieve:
 
     def add(self, summaries: Iterable[_Summary]) -> None:
         """One round's summaries (all its groups, every member)."""
-        summaries = list(summaries)
-        signal = group_signal(summaries, self.mask_truncated, self.truncated_penalty)
-        with_valid = {s.group for s in summaries if is_valid(s, self.mask_truncated)}
-        self._unanimous += [g for g, s in signal.items() if not s and g in with_valid]
+        rewards = valid_rewards(summaries, self.mask_truncated, self.truncated_penalty)
+        signal = {g: has_signal(r) for g, r in rewards.items()}
+        self._unanimous += [g for g, r in rewards.items() if r and not signal[g]]
         self.rounds += 1
         self.groups_seen += len(signal)
         self.zero_var += sum(not s for s in signal.values())

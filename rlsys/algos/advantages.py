@@ -90,12 +90,12 @@ def group_advantages(
 
     num_valid = int(valid.sum())
     batch_baseline = valid & no_signal[group]  # (N,) valid members of unanimous groups
-    if unanimous == "batch" and num_valid >= 2 and bool(batch_baseline.any()):
-        batch_dev = r - r[valid].mean()  # (N,)
-        batch_std = r[valid].std()  # Bessel-corrected, as the groups' std
-        if float(r[valid].max()) != float(r[valid].min()):  # a batch whose rewards all agree has no baseline either
-            unan = batch_dev / (batch_std + eps) if scale else batch_dev
-            adv = torch.where(batch_baseline, unan, adv)
+    batch = r[valid]  # (num_valid,)
+    # a batch whose rewards all agree (or fewer than two valid) has no baseline either
+    if unanimous == "batch" and bool(batch_baseline.any()) and num_valid >= 2 and batch.max() != batch.min():
+        batch_dev = r - batch.mean()  # (N,)
+        unan = batch_dev / (batch.std() + eps) if scale else batch_dev  # Bessel-corrected std, as the groups'
+        adv = torch.where(batch_baseline, unan, adv)
     metrics = {
         "adv/zero_var_group_frac": float(no_signal.to(dtype).mean()),
         "adv/valid_frac": num_valid / n,
