@@ -330,7 +330,9 @@ class Learner:
             mask = batch["loss_mask"][:, 1:]  # (B, T-1)
             if algo == "sft":
                 out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-                logits = out.logits[:, :-1].float()  # (B, T-1, V): logits[:, t] predicts input_ids[:, t+1]
+                # (B, T-1, V): logits[:, t] predicts input_ids[:, t+1]. In the model's dtype: sft_loss and
+                # token_entropy read it in float32 chunks (no float32 copy kept for backward, as rlsys/prefix.py)
+                logits = out.logits[:, :-1]
                 loss, m = sft_loss(logits, targets, mask, normalizer=float(sum(r.segment.num_sampled for r in chunk)))
                 with torch.no_grad():
                     m["train/entropy"] = float(masked_mean(token_entropy(logits), mask))
