@@ -42,6 +42,7 @@ def engine(loop, gpu_tiny_path, lora_cfg):
     async def build():
         eng = VLLMEngine(gpu_tiny_path, max_batch_size=32, seed=0, dtype="bfloat16",
                          gpu_memory_utilization=memory_fraction(6.0, device_total_bytes()),
+                         kv_cache_bytes=1 << 30,  # fixed: no profiling of a GPU that other runs share
                          max_model_len=1024, enforce_eager=True)
         await eng.set_lora(lora_cfg.learner.lora.scale())
         return eng
