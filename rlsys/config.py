@@ -189,8 +189,9 @@ class AlgoConfig(_Section):
     clip_eps_high: float | None = Field(None, ge=0.0)
     """Upper clip of the ratio; unset = 4e-4 for GSPO, 0.28 for GRPO."""
     logp_mode: Literal["bypass", "decoupled"] = "bypass"
-    """`bypass`: logp_old = the engine's sampling logprobs. `decoupled`: recomputed by the learner before
-    the update, with a truncated importance weight against the engine's (cap `tis_cap`)."""
+    """`bypass`: logp_old = the engine's sampling logprobs. `decoupled`: the learner's own logprobs before the
+    update, with a truncated importance weight against the engine's (cap `tis_cap`): recomputed in a forward before
+    the first optimizer step when `n_minibatches` > 1; with one, the update's own forward, detached."""
     tis_cap: float = Field(2.0, gt=0.0)
     """Cap of the truncated sequence importance weight in `decoupled` mode."""
     adv_eps: float = Field(1e-6, gt=0.0)
