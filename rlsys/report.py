@@ -231,8 +231,7 @@ def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
                      and k.endswith("/rewards_mean") and v is not None]
         rows.append({
             "run": run.path.name, "steps": len(run.rows),
-            "updates": sum(1 for r in run.rows if as_float(r.get("train/loss")) is not None
-                           and not r.get("train/skipped_batch")),
+            "updates": _updates(run.rows),
             "reward": _window_means(run, "rollout/rewards_mean", window),
             "zero_var": _window_means(run, "rollout/zero_var_group_frac", window),
             "entropy": _window_means(run, "train/entropy", window),
@@ -245,6 +244,21 @@ def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
             "perturbed_reward": (min(perturbed), max(perturbed)) if perturbed else None,
         })
     return rows
+
+
+def _updates(rows: list[dict[str, Any]]) -> int:
+    """Steps whose optimizer moved the weights: a loss, no skipped batch (dynamic sampling kept nothing), and not
+    every optimizer step skipped for a non-finite gradient (`train/optimizer_steps` grew; in logs without it, no
+    `train/skipped_steps`)."""
+    n, before = 0, None
+    for r in rows:
+        steps = as_float(r.get("train/optimizer_steps"))
+        if as_float(r.get("train/loss")) is not None and not r.get("train/skipped_batch"):
+            moved = steps > before if steps is not None and before is not None else not as_float(
+                r.get("train/skipped_steps"))
+            n += bool(moved)
+        before = steps if steps is not None else before
+    return n
 
 
 def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] | None = None,

@@ -128,6 +128,18 @@ def test_several_runs_make_one_table_a_row_each_and_their_mean(tmp_path, capsys)
     ra, rb = compare_runs([load_run(a), load_run(b)], window=10)
     assert (ra["run"], ra["steps"], ra["updates"]) == ("seed0", 24, 24)
     assert (rb["steps"], rb["updates"]) == (30, 25)
+    # a step whose optimizer step was skipped for a non-finite gradient logs a loss but moved nothing
+    opt = 0.0
+    for i, r in enumerate(rows[:-5]):
+        bad = i in (3, 7)
+        opt += 0.0 if bad else 1.0
+        r |= {"train/optimizer_steps": opt, "train/skipped_steps": float(bad)}
+    (b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert compare_runs([load_run(b)], window=10)[0]["updates"] == 23
+    for r in rows:  # older logs: no optimizer_steps, the skipped count alone
+        r.pop("train/optimizer_steps", None)
+    (b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert compare_runs([load_run(b)], window=10)[0]["updates"] == 23
     assert ra["reward"][0] == pytest.approx(-1.0 + 0.05 * 4.5) and ra["reward"][1] == pytest.approx(-1.0 + 0.05 * 18.5)
     assert rb["entropy"][1] == pytest.approx(_mean_of(1.0 - 0.02 * k for k in range(20, 25)))  # the updates of the window
     assert ra["heldout"]["legal_move_rate"] == (0.1, 0.7) and ra["heldout"]["win_taken_rate"] == (None, 0.9)
