@@ -255,7 +255,8 @@ class Learner:
         # "decoupled" with one optimizer step per batch: the weights that would recompute logp_old are the ones that
         # compute logp_new, so _minibatch takes logp_new, detached (ratio exactly 1), instead of a second forward.
         # The recompute ran other micro-batches whose bf16 rounding differed: ratios of 1 +- 4e-4 that the 3e-4
-        # clip cut out of the gradient (up to 15% of a gsm step's sequences), at a quarter of the learner's time.
+        # clip cut out of the gradient (up to 15% of a gsm step's sequences), for a forward of every row (about a
+        # quarter of the learner's work: one forward against forward + backward).
         decoupled = self.cfg.algo.logp_mode == "decoupled"
         logp_old = self._recompute_old_logprobs(rows) if decoupled and len(chunks) > 1 else None
         totals: dict[str, float] = {}

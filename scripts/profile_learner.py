@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                 learner.train(trajs)
                 wall = time.perf_counter() - t
             avg = prof.key_averages()
-            cuda_attr = "self_device_time_total" if hasattr(avg[0], "self_device_time_total") else "self_cuda_time_total"
+            cuda_attr = ("self_device_time_total" if hasattr(avg[0], "self_device_time_total")
+                         else "self_cuda_time_total")
             cuda_total = sum(getattr(e, cuda_attr, 0) for e in avg) / 1e6
             emit({"event": "profile", "variant": name, "wall_s": round(wall, 3), "self_cuda_s": round(cuda_total, 3),
                   "self_cpu_s": round(sum(e.self_cpu_time_total for e in avg) / 1e6, 3)})
