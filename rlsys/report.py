@@ -254,9 +254,10 @@ def _updates(rows: list[dict[str, Any]]) -> int:
     for r in rows:
         steps = as_float(r.get("train/optimizer_steps"))
         if as_float(r.get("train/loss")) is not None and not r.get("train/skipped_batch"):
-            moved = steps > before if steps is not None and before is not None else not as_float(
-                r.get("train/skipped_steps"))
-            n += bool(moved)
+            if steps is not None and before is not None:
+                n += steps > before
+            else:
+                n += not as_float(r.get("train/skipped_steps"))
         before = steps if steps is not None else before
     return n
 
