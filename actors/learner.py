@@ -130,6 +130,8 @@ class Learner:
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)  # compute dtype (and the engine's)
         # fp32 master weights: parameters and updates in float32, forward/backward under autocast
         self.param_dtype = torch.float32 if cfg.learner.fp32_master else self.dtype
+        if self.device.type == "cuda" and not cfg.learner.cudnn_attention:  # NaN gradients: the config's docstring
+            torch.backends.cuda.enable_cudnn_sdp(False)
         # before any weight lands on the GPU
         self.memory_cap = apply_memory_budget(cfg.memory, cfg.budget_gib, self.device)
         self.lora = cfg.learner.lora if cfg.learner.lora.enabled else None

@@ -332,6 +332,12 @@ class LearnerConfig(_Section):
     """GSPO/GRPO: run the prompt that the samples of a micro-batch share forward once and their answers on its KV
     cache (`rlsys/prefix.py`; same logprobs and gradients, ~6x fewer tokens on tic-tac-toe). Sequences whose
     prompt no other one has, SFT, and models under gradient checkpointing take the plain full-sequence forward."""
+    cudnn_attention: bool = False
+    """Let the learner's attention (PyTorch's scaled_dot_product_attention) pick the cuDNN kernel on CUDA. Off by
+    default: with torch 2.11 on an H200, cuDNN's backward returns NaN gradients for a masked micro-batch whose
+    length is 64 mod 128 when a row's attention logsumexp is below ln(float32 max), as in Qwen2.5's
+    massive-activation heads (pytorch/pytorch#196678): 9 of 63 gsm steps were skipped for a non-finite gradient
+    norm (docs/results.md). Off, the same calls take the flash or memory-efficient kernels."""
     lora: LoraConfig = LoraConfig()
     """Low-rank adapters on a frozen base (`learner.lora.enabled`); off by default."""
 

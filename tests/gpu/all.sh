@@ -52,7 +52,7 @@ torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__versio
   tests job-sleep tests/gpu/test_vllm_job.py -k "sleep1 or sleep2"
   tests job-awake-fp32 tests/gpu/test_vllm_job.py -k "awake or fp32master"
   tests job-faults tests/gpu/test_vllm_job.py -k "push_fails"
-  tests lora tests/gpu/test_lora_gpu.py  # learner.lora: adapter pushes merged into vLLM, 4-bit base, the job
+  tests lora tests/gpu/test_lora_gpu.py tests/gpu/test_learner_attention.py  # learner.lora: adapter pushes merged into vLLM, 4-bit base, the job; cudnn_attention
   wait
   {
     echo; echo "## Tests ($((SECONDS - t0)) s, side by side)"; echo; echo '```'
