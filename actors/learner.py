@@ -269,6 +269,7 @@ class Learner:
             stats = self._minibatch(chunk, logp_old, first=i == 0)
             gnorm = stats.pop("train/grad_norm")
             if not math.isfinite(gnorm) or not math.isfinite(stats.get("train/loss", 0.0)):
+                self._report_nonfinite(chunk, gnorm, stats.get("train/loss", 0.0))
                 self.optimizer.zero_grad(set_to_none=True)
                 skipped += 1
             else:
@@ -290,6 +291,16 @@ class Learner:
         if self.prefix_sharing:
             out["train/prefix_saved_frac"] = self._tokens[0] / max(self._tokens[1], 1)
         return out
+
+    def _report_nonfinite(self, chunk: list[_Row], gnorm: float, loss: float) -> None:
+        """One log line on a skipped optimizer step: which parameters got a non-finite gradient, and the lengths
+        of the rows (a cause found this way: an attention kernel's NaN at some lengths, `learner.cudnn_attention`)."""
+        bad = [name for name, p in self.model.named_parameters()
+               if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        lengths = sorted({len(r.segment.input_ids) for r in chunk})
+        print(f"rlsys: learner step skipped: loss {loss:.4g}, grad norm {gnorm}; {len(bad)} parameter tensors with a "
+              f"non-finite gradient (first: {', '.join(bad[:3]) or 'none'}); row lengths {lengths[0]}..{lengths[-1]} "
+              f"({sum(n % 128 == 64 for n in lengths)} of {len(lengths)} distinct lengths are 64 mod 128)", flush=True)
 
     def _policy_rows(self, trajs: list[Trajectory]) -> tuple[list[_Row], dict[str, float]]:
         penalty = self.cfg.algo.truncated_penalty  # cut-off answers: less reward (rlsys/sampling.py)
@@ -391,7 +402,12 @@ class Learner:
                 stats.setdefault(key, idle)
         stats["train/loss"] = loss_sum
         stats["train/active_frac"] = len(active) / max(len(local), 1)
-        stats["train/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.learner.max_grad_norm))
+        # the norm first, clipping only when it is finite: a NaN norm would turn every gradient into NaN, and the
+        # skipped step's report (`_report_nonfinite`) names the parameters whose own gradient was not finite
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        stats["train/grad_norm"] = float(norm)
+        if math.isfinite(stats["train/grad_norm"]):
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.learner.max_grad_norm, norm)
         return stats
 
     @torch.no_grad()

@@ -68,3 +68,22 @@ def test_several_minibatches_recompute_once_before_the_first_step(tmp_path, tiny
     assert calls == [9]  # every row, once
     assert learner.optimizer_steps == 3
     assert stats["train/ratio_std"] > 0.0  # the second and third steps see moved weights
+
+
+def test_a_nan_gradient_skips_the_step_and_names_the_parameter(tmp_path, tiny_model_path, capsys):
+    """A NaN in one parameter's gradient with a finite loss (what an attention kernel's backward did on the GPU):
+    no optimizer step, the weights stay, and the log line names the parameter and the rows' lengths."""
+    import torch
+
+    learner = _learner(tmp_path, tiny_model_path)
+    name, param = next((n, p) for n, p in learner.model.named_parameters() if "q_proj" in n)
+    param.register_hook(lambda g: torch.full_like(g, float("nan")))
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    stats = learner.train(_trajectories())
+    assert stats["train/skipped_steps"] == 1.0 and learner.optimizer_steps == 0
+    assert stats["train/loss"] == stats["train/loss"]  # finite: only the gradient is NaN
+    for n, p in learner.model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "learner step skipped" in ln)
+    assert f"1 parameter tensors with a non-finite gradient (first: {name})" in line
+    assert "row lengths" in line
