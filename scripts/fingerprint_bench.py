@@ -3,10 +3,12 @@
     python scripts/fingerprint_bench.py [--repeats 20] [--out FILE.json]      # a CUDA GPU; torch only, no vLLM
 
 Issue 24, item 4 wants the per-push check to cost no more than the push (5.8 ms for these shapes on an H200).
-`rlsys.weights.fingerprint.tensor_sums` launches one reduction per tensor from Python (290 here), which measured
-13.8-14.0 ms a side in `jobs.bench sync`, whatever the tensors' sizes. Compared here, on the same 290 bf16 tensors:
+The first fingerprint launched one int16 -> int64 reduction per tensor from Python (290 here), which measured
+13.8-14.0 ms a side in `jobs.bench sync`. Compared here, on the same 290 bf16 tensors:
 
-- eager: `tensor_sums` as rlsys runs it today;
+- eager: that first way (one int64 sum of the int16 elements per tensor);
+- rlsys: `tensor_sums` (an engine's: 32-bit words per tensor, int32) and `bucket_sums` (a learner's: the same
+  tensors packed in one bucket, summed flat), which must agree with each other and with the words' sums;
 - graph: the same 290 reductions captured once into a CUDA graph writing one int64 vector (an engine's parameters
   and a learner's buckets never move, so the capture stays valid), replayed per check;
 - flat: the tensors in one buffer at 128-element-aligned offsets (a learner's bucket is one buffer): one row-sum
@@ -26,7 +28,8 @@ import time
 
 import torch
 
-from rlsys.weights.fingerprint import tensor_sums
+from rlsys.weights.buckets import BucketPacker
+from rlsys.weights.fingerprint import bucket_sums, tensor_sums
 
 ROW = 128  # the flat layout's row: divides every tensor's element count here (the smallest, k/v biases, is 128)
 
@@ -72,7 +75,17 @@ def main() -> int:
     named = [(name, torch.randn(s, device=dev, generator=gen, dtype=torch.float32).to(torch.bfloat16))
              for name, s in shapes]
     names = [n for n, _ in named]
-    eager_ms, eager = timed(lambda: tensor_sums(named), args.repeats)
+
+    def int64_elements() -> dict[str, int]:  # the first fingerprint: int16 elements summed in int64 per tensor
+        sums = torch.stack([t.view(torch.int16).sum(dtype=torch.int64) for _, t in named]).tolist()
+        return dict(zip(names, sums))
+
+    eager_ms, eager = timed(int64_elements, args.repeats)
+    engine_ms, engine_sums = timed(lambda: tensor_sums(named), args.repeats)
+    packer = BucketPacker.for_tensors(named, bucket_bytes=2 << 30, device=dev)  # one bucket, as a 0.5B push
+    buckets = packer.pack(named)
+    learner_ms, learner_sums = timed(lambda: bucket_sums(buckets), args.repeats)
+    assert learner_sums == engine_sums, "rlsys: a bucket's flat sums differ from the per-tensor ones"
 
     # graph: the 290 reductions captured once into one int64 vector
     out = torch.zeros(len(named), dtype=torch.int64, device=dev)
@@ -132,7 +145,8 @@ def main() -> int:
     def words_check():  # bf16 pairs read as int32 words, summed mod 2**32: half the elements, no conversion
         return flat_sums(torch.int32, torch.int32)
 
-    words_ms, _ = timed(words_check, args.repeats)
+    words_ms, words = timed(words_check, args.repeats)
+    assert [v % 2**32 for v in words] == [engine_sums[n] for n in names], "rlsys: not the words' sums"
     words32 = [t.view(torch.int32) for _, t in named]  # an engine's separate parameters, read as words
     eager_words_ms, _ = timed(lambda: torch.stack([w.sum(dtype=torch.int32) for w in words32]).tolist(), args.repeats)
     eager32_ms, eager32 = timed(eager32_check, args.repeats)
@@ -147,6 +161,7 @@ def main() -> int:
               "graph_ms": round(graph_ms, 3), "flat_ms": round(flat_ms, 3), "same_sums": True,
               "eager_int32_ms": round(eager32_ms, 3), "flat_int32_ms": round(flat32_ms, 3),
               "flat_int32_words_ms": round(words_ms, 3), "eager_int32_words_ms": round(eager_words_ms, 3),
+              "rlsys_tensor_sums_ms": round(engine_ms, 3), "rlsys_bucket_sums_ms": round(learner_ms, 3),
               "int32_equals_int64_mod_2_32": int32_agrees,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
     print(json.dumps(result))

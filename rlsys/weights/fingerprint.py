@@ -3,11 +3,17 @@
 The canary compares logprobs, so it needs a forward on both sides (~60 ms a step for Qwen 0.5B on an H200, more
 than the 20-30 ms push it checks) and a tolerance wide enough for the numerics gap, which with fp32 masters or
 LoRA is wider than one step's change. A fingerprint compares bits instead: for each pushed tensor, the sum of its
-elements' bit patterns as integers (bf16 as int16, float32 as int32, summed in int64). Integer addition is exact
-and order-free, so the sender's sum over what it packed equals the receiver's sum over what it holds whatever
-kernels either side uses, and any changed element changes it. The learner sums its packed buckets (the exact bytes
-sent); an engine sums the parameters the push wrote (or, where it merges LoRA adapters, the adapters it merged).
-One reduction per tensor and one device sync in all.
+bytes read as 32-bit words, modulo 2**32 (a tensor whose size is not a multiple of 4 bytes: of its elements' bit
+patterns, bf16 as int16, modulo 2**32 too). Integer addition modulo 2**32 is exact and order-free, so the sender's
+sum over what it packed equals the receiver's over what it holds whatever kernels, layout or reduction order either
+side uses, and a change of one element changes it (the change of one word is never a multiple of 2**32).
+
+Why 32-bit words summed in int32 (wrapping): it reads each byte once without a widening cast. On an H200 the 290
+tensors of a Qwen 0.5B push took 5.6 ms as int16 elements summed in int64 and 2.7 ms as int32 words, and 0.95 ms
+as words of one flat buffer (docs/performance.md, issue 24 item 4; scripts/fingerprint_bench.py). So the learner,
+whose buckets are flat buffers with every tensor at a 256-byte offset, sums each bucket in three kernels (64-word
+row sums, their running sum, one gather at the tensors' bounds); an engine sums its separate parameters one
+reduction each. One device-to-host transfer per device in all.
 """
 from __future__ import annotations
 
@@ -15,35 +21,65 @@ from collections.abc import Iterable
 
 import torch
 
-from rlsys.weights.buckets import WeightBucket, unpack_bucket
+from rlsys.weights.buckets import ALIGN_BYTES, WeightBucket
 
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_WORD = 4
+_ROW_WORDS = ALIGN_BYTES // _WORD  # a bucket's tensors start on a row: 64 words of 4 bytes
+_ELEMENT_BITS = {1: torch.int8, 2: torch.int16}
+_MASK = (1 << 32) - 1
+
+
+def _integers(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat integer tensor: 32-bit words when its size is a multiple of 4 bytes, else its
+    elements' bit patterns (what both sides of a push agree on: the choice depends on the size alone)."""
+    t = tensor.detach().reshape(-1)
+    nbytes = t.numel() * t.element_size()
+    if nbytes % _WORD:
+        return t.view(_ELEMENT_BITS[t.element_size()])  # 1- or 2-byte elements: an odd count of them
+    if (t.storage_offset() * t.element_size()) % _WORD:  # a view starting mid-word: `view` needs whole words
+        t = t.clone()
+    return t.view(torch.uint8).view(torch.int32)
+
+
+def _to_host(parts: list[tuple[list[str], torch.Tensor]]) -> dict[str, int]:
+    """{name: sum modulo 2**32} from (names, one int32 sum per name) parts, one transfer per device."""
+    by_device: dict[torch.device, list[tuple[list[str], torch.Tensor]]] = {}
+    for names, sums in parts:
+        by_device.setdefault(sums.device, []).append((names, sums.reshape(-1)))
+    out: dict[str, int] = {}
+    for group in by_device.values():
+        names = [name for part_names, _ in group for name in part_names]
+        out.update(zip(names, (int(v) & _MASK for v in torch.cat([s for _, s in group]).tolist())))
+    return out
 
 
 def tensor_sums(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
-    """{name: sum of the tensor's element bit patterns} (exact integers; int64 wraps alike on every side)."""
-    names, sums = [], []
-    for name, tensor in named:
-        t = tensor.detach()
-        if t.dtype.is_floating_point or t.dtype.is_complex:
-            t = t.contiguous().view(_BITS[t.element_size()])
-        sums.append(t.sum(dtype=torch.int64).reshape(1))
-        names.append(name)
-    if not sums:
-        return {}
-    by_device: dict[torch.device, list[int]] = {}
-    for i, s in enumerate(sums):
-        by_device.setdefault(s.device, []).append(i)
-    values: list[int] = [0] * len(sums)
-    for idx in by_device.values():  # one transfer (and sync) per device
-        for i, v in zip(idx, torch.cat([sums[i] for i in idx]).tolist()):
-            values[i] = int(v)
-    return dict(zip(names, values))
+    """{name: the tensor's bytes summed as 32-bit words, modulo 2**32} (see the module docstring)."""
+    return _to_host([([name], _integers(tensor).sum(dtype=torch.int32)) for name, tensor in named])
+
+
+def _bucket_parts(bucket: WeightBucket) -> list[tuple[list[str], torch.Tensor]]:
+    """The sums of a bucket's tensors: those of whole 256-byte rows in three kernels over its buffer (64-word row
+    sums, their running sum, a gather at the tensors' bounds), any other one reduction each."""
+    rows = bucket.buffer.numel() // ALIGN_BYTES
+    whole = [m for m in bucket.metas if m.nbytes % ALIGN_BYTES == 0] if rows else []
+    parts = []
+    if whole:
+        words = bucket.buffer[: rows * ALIGN_BYTES].view(torch.int32).view(rows, _ROW_WORDS)
+        running = torch.zeros(rows + 1, dtype=torch.int32, device=words.device)
+        torch.cumsum(words.sum(1, dtype=torch.int32), 0, dtype=torch.int32, out=running[1:])
+        bounds = torch.tensor([[m.offset // ALIGN_BYTES, m.end // ALIGN_BYTES] for m in whole], device=words.device)
+        parts.append(([m.name for m in whole], running[bounds[:, 1]] - running[bounds[:, 0]]))
+    for m in bucket.metas:
+        if not (rows and m.nbytes % ALIGN_BYTES == 0):
+            tensor = bucket.buffer[m.offset : m.end].view(m.dtype)
+            parts.append(([m.name], _integers(tensor).sum(dtype=torch.int32)))
+    return parts
 
 
 def bucket_sums(buckets: Iterable[WeightBucket]) -> dict[str, int]:
     """`tensor_sums` of every tensor packed in ``buckets``: what a sender fingerprints, the very bytes it sent."""
-    return tensor_sums(pair for bucket in buckets for pair in unpack_bucket(bucket))
+    return _to_host([part for bucket in buckets for part in _bucket_parts(bucket)])
 
 
 def differing(reference: dict[str, int], held: dict[str, int]) -> list[str]:

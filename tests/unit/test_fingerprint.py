@@ -46,3 +46,42 @@ def test_a_lora_merge_fingerprints_the_adapters_it_merged():
     merge.apply([("layer.lora_A", a), ("layer.lora_B", b)])
     assert merge.last_sums == tensor_sums([("layer.lora_A", a), ("layer.lora_B", b)])
     torch.testing.assert_close(weight, 2.0 * b @ a)
+
+
+def _reference(tensor: torch.Tensor) -> int:
+    """The sum of the tensor's bytes as little-endian 32-bit words (or, for a size that is not a multiple of 4,
+    of its elements' signed bit patterns), modulo 2**32, in Python integers."""
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).tolist()
+    width = 4 if len(raw) % 4 == 0 else tensor.element_size()
+    words = [int.from_bytes(bytes(raw[i : i + width]), "little", signed=True) for i in range(0, len(raw), width)]
+    return sum(words) % 2**32
+
+
+def test_the_sums_are_the_words_modulo_2_32_in_every_layout_and_bucket_shape():
+    torch.manual_seed(2)
+    tensors = {
+        "rows": torch.randn(8, 64, dtype=torch.bfloat16),  # 1024 bytes: whole 256-byte rows of a bucket
+        "part_row": torch.randn(3, 10, dtype=torch.bfloat16),  # 60 bytes: words, not whole rows
+        "odd": torch.randn(7, dtype=torch.bfloat16),  # 14 bytes: int16 elements
+        "big": torch.full((1000,), 2**30, dtype=torch.int32),  # wraps modulo 2**32 many times
+        "steps": torch.arange(5),
+        "flags": torch.tensor([True, False, True]),
+        "fp32": torch.randn(130),
+    }
+    expected = {name: _reference(t) for name, t in tensors.items()}
+    assert tensor_sums(tensors.items()) == expected
+    for bucket_bytes in (256, 1024, 4096, 1 << 20):  # one tensor per bucket up to all in one
+        packer = BucketPacker.for_tensors(list(tensors.items()), bucket_bytes=bucket_bytes)
+        assert bucket_sums(packer.pack(list(tensors.items()))) == expected, bucket_bytes
+    base = torch.randn(11, dtype=torch.bfloat16)
+    mid_word = base[1:9]  # starts half-way into a 32-bit word: summed from a copy, the same words
+    assert tensor_sums([("v", mid_word)]) == {"v": _reference(mid_word.clone())}
+
+
+def test_a_changed_element_in_a_bucket_changes_its_tensor_only():
+    torch.manual_seed(3)
+    named = [("a", torch.randn(16, 32, dtype=torch.bfloat16)), ("b", torch.randn(16, 32, dtype=torch.bfloat16))]
+    packer = BucketPacker.for_tensors(named, bucket_bytes=1 << 20)
+    sent = bucket_sums(packer.pack(named))
+    named[1][1][5, 7] = -named[1][1][5, 7] if named[1][1][5, 7] != 0 else 1.0
+    assert differing(sent, bucket_sums(packer.pack(named))) == ["b"]
