@@ -176,6 +176,7 @@ class Learner:
             print(f"rlsys: learner.prefix_sharing off: {why}", flush=True)
             self.prefix_sharing = False
         self._tokens = [0, 0]  # input tokens [not run thanks to prefix sharing, in all] of this `train` call
+        self._padding = [0, 0]  # positions of this `train` call's micro-batches [padded, in all]
 
     # --- data parallelism ------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -254,6 +255,7 @@ class Learner:
         chunks = _split(rows, self.cfg.algo.n_minibatches)
         self._last_trained: list[Segment] = []
         self._tokens = [0, 0]
+        self._padding = [0, 0]
         # "decoupled" with one optimizer step per batch: the weights that would recompute logp_old are the ones that
         # compute logp_new, so _minibatch takes logp_new, detached (ratio exactly 1), instead of a second forward.
         # The recompute ran other micro-batches whose bf16 rounding differed: ratios of 1 +- 4e-4 that the 3e-4
@@ -290,6 +292,7 @@ class Learner:
         out["train/optimizer_steps"] = float(self.optimizer_steps)
         if self.prefix_sharing:
             out["train/prefix_saved_frac"] = self._tokens[0] / max(self._tokens[1], 1)
+        out["train/padded_frac"] = self._padding[0] / max(self._padding[1], 1)
         return out
 
     def _report_nonfinite(self, chunk: list[_Row], gnorm: float, loss: float) -> None:
@@ -345,6 +348,8 @@ class Learner:
         for start in range(0, len(active), mbs):
             micro = active[start : start + mbs]
             batch = _collate(micro, self.pad_id, self.device)
+            self._padding[0] += batch["input_ids"].numel() - sum(len(r.segment.input_ids) for r in micro)
+            self._padding[1] += batch["input_ids"].numel()
             targets = batch["input_ids"][:, 1:]  # (B, T-1)
             mask = batch["loss_mask"][:, 1:]  # (B, T-1)
             if algo == "sft":
@@ -462,9 +467,8 @@ class Learner:
         return self._token_logprobs(micro, batch, model=self.ref_model).float()
 
     def _by_prompt(self, rows: list[_Row]) -> list[_Row]:
-        """With prefix sharing, rows that share a prompt next to each other, so they share a micro-batch."""
-        if not self.prefix_sharing:
-            return rows
+        """Rows that share a prompt next to each other, shorter first (`rlsys.prefix.group_order`): with prefix
+        sharing they share a micro-batch's prompt forward, and either way the micro-batches pad less."""
         order = group_order([r.segment.input_ids for r in rows], [r.segment.loss_mask for r in rows])
         return [rows[i] for i in order]
 

@@ -62,7 +62,24 @@ def test_groups_are_rows_with_identical_prompts():
     assert g.rest == [3]
     # no sampled token, a 1-token prompt, a prompt of its own: nothing to share
     assert find_prefix_groups([[1, 2, 3], [4, 5], [6, 7, 8]], [[0, 0, 0], [0, 1], [0, 0, 1]]).rest == [0, 1, 2]
-    assert group_order([r[0] for r in rows], [r[1] for r in rows]) == [0, 2, 5, 1, 4, 3]
+    # prompts in order of first appearance; within one, shorter rows first (b's rows are 31 and 24 tokens long)
+    assert group_order([r[0] for r in rows], [r[1] for r in rows]) == [0, 2, 5, 4, 1, 3]
+
+
+def test_shorter_rows_first_within_a_prompt_pad_less():
+    """Eight answers of one prompt, 100 to 1,500 tokens, in micro-batches of 4: as sampled, each micro-batch is as
+    long as its longest; sorted, the short answers no longer pad to the long ones."""
+    prompt = _tokens(4, 400)
+    lengths = [1500, 120, 300, 900, 100, 260, 1400, 180]
+    rows = [(prompt + _tokens(20 + i, n), [0] * 400 + [1] * n) for i, n in enumerate(lengths)]
+
+    def padded(order, mbs=4):
+        return sum(len(order[i : i + mbs]) * max(len(rows[j][0]) for j in order[i : i + mbs])
+                   for i in range(0, len(order), mbs))
+
+    order = group_order([r[0] for r in rows], [r[1] for r in rows])
+    assert order == [4, 1, 7, 5, 2, 3, 6, 0]
+    assert padded(order) == 4 * 660 + 4 * 1900 < padded(list(range(8))) == 4 * 1900 + 4 * 1800
 
 
 def test_shared_logprobs_equal_the_full_forward(model):
