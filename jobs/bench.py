@@ -1,4 +1,4 @@
-"""Benchmarks of the job: `python -m jobs.bench {step,proxy,sync,cpu-decode} ...` (docs/performance.md: the commands).
+"""Benchmarks of the job: `python -m jobs.bench {step,proxy,learner,sync,cpu-decode} ...` (docs/performance.md: the commands).
 
 `step`: N steps of a config through the real job (jobs/train.py's `run_training`, Ray actors and all), then the
 step-time breakdown from metrics.jsonl over the steps after the warm-up: generation (seconds the engine had a
@@ -23,6 +23,14 @@ measure the proxy without httptools and without its render cache. CPU only, no R
 samples, its environment's first requests, its temperature/top-p/max_new_tokens, the tiny model), with the
 transformers loop (old) and rlsys/engines/cpu_decode.py (new) alternating; tokens/s of both, the ratio, and how many
 answers are equal.
+
+`learner`: the learner alone (actors/learner.py's `Learner.train`, no Ray, no engine) on synthetic GSPO batches of
+a config's shape: `--groups` prompts of `--prompt-tokens` random ids, `--samples` answers each with lengths drawn
+log-uniformly in [`--answer-min`, `--answer-max`] (gsm's spread), rewards that give every answer an advantage.
+Each `--variant NAME=key=value,...` (default: the learner's two row orders, `learner.length_order` true / false)
+builds its own learner from the same weights and trains `--warmup` + `--steps` steps on the same batches; per
+variant the median `time/learner_compute`, forward+backward tokens/s (the rows' real tokens over that time),
+`train/padded_frac` and peak memory. The learner phase of a job, measured without the rollout sharing the device.
 
 `sync`: the weight push learner -> vLLM on one GPU, without Ray in between (the learner side runs in this
 process, vLLM's engine core in its own, so the CUDA IPC crosses processes as in a job). Per push:
@@ -611,6 +619,86 @@ def print_proxy_table(r: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------ cpu-decode: the CPU engine's two decode loops
+def synthetic_batch(groups: int, samples: int, prompt_tokens: int, answer_range: tuple[int, int], vocab: int,
+                    seed: int) -> list[Any]:
+    """GSPO trajectories of a job's shape: ``groups`` prompts x ``samples`` answers, answer lengths log-uniform in
+    ``answer_range``, random ids below ``vocab``, distinct rewards within each group (every answer has an
+    advantage), as the rollout returns them (the samples of a group interleaved with the other groups')."""
+    import math
+    import random
+
+    from rlsys.types import Segment, Trajectory
+
+    rng = random.Random(seed)
+    lo, hi = answer_range
+    prompts = [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(groups)]
+    out = []
+    for sample in range(samples):
+        for group, prompt in enumerate(prompts):
+            n = round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+            answer = [rng.randrange(3, vocab) for _ in range(n)]
+            segment = Segment(prompt + answer, [0] * prompt_tokens + [1] * n, [0.0] * prompt_tokens + [-2.0] * n)
+            out.append(Trajectory(item_id=f"p{group}", group=group, sample=sample, segments=[segment],
+                                  reward=sample / max(samples - 1, 1), num_turns=1))
+    return out
+
+
+def bench_learner(args: argparse.Namespace) -> dict[str, Any]:
+    """Each variant's learner on the same synthetic batches: median compute time, tokens/s, padding, memory."""
+    import gc
+
+    import torch
+
+    from jobs.placement import learner_settings
+    from rlsys.config import load_config
+    from rlsys.models.resolve import resolve_model
+
+    from actors.learner import Learner
+
+    base = load_config(args.config, overrides=args.overrides)
+    model_path = resolve_model(model_ckpt(args.model, Path(args.cache)) or base.model.ckpt)
+    vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
+    variants = args.variant or ["sorted=learner.length_order=true", "sampled=learner.length_order=false"]
+    batches = [synthetic_batch(args.groups, args.samples, args.prompt_tokens, (args.answer_min, args.answer_max),
+                               vocab, seed=k) for k in range(args.warmup + args.steps)]
+    real = [sum(len(s.input_ids) for t in b for s in t.segments) for b in batches]
+    out: dict[str, Any] = {"model": args.model or base.model.ckpt, "config": args.config, "groups": args.groups,
+                           "samples": args.samples, "prompt_tokens": args.prompt_tokens,
+                           "answer_range": [args.answer_min, args.answer_max], "steps": args.steps,
+                           "warmup": args.warmup, "variants": {}}
+    for spec in variants:
+        name, _, overrides = spec.partition("=")
+        cfg = load_config(args.config, overrides=[*args.overrides, *filter(None, overrides.split(","))])
+        learner = Learner(learner_settings(cfg, model_path), model_path)
+        rows = [learner.train(batch) for batch in batches][args.warmup:]
+        compute = [r["time/learner_compute"] for r in rows]
+        out["variants"][name] = {
+            "overrides": overrides, "mini_bs": cfg.learner.mini_bs, "prefix_sharing": learner.prefix_sharing,
+            "compute_s": statistics.median(compute),
+            "tokens_per_s": statistics.median(n / c for n, c in zip(real[args.warmup:], compute)),
+            "padded_frac": statistics.fmean(r.get("train/padded_frac", 0.0) for r in rows),
+            "prefix_saved_frac": statistics.fmean(r.get("train/prefix_saved_frac", 0.0) for r in rows),
+            "peak_allocated_gib": max((r.get("mem/learner_peak_allocated_gib") or 0.0) for r in rows) or None,
+            "loss": [r.get("train/loss") for r in rows], "device": str(learner.device)}
+        del learner
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    out["tokens_per_step"] = statistics.fmean(real[args.warmup:])
+    return out
+
+
+def print_learner(r: dict[str, Any]) -> None:
+    print(f"\nlearner, {r['model']}: {r['groups']} prompts x {r['samples']} answers, prompt {r['prompt_tokens']} "
+          f"tokens, answers {r['answer_range'][0]}-{r['answer_range'][1]} (log-uniform), "
+          f"{r['tokens_per_step']:.0f} tokens a step, median of {r['steps']} steps after {r['warmup']}")
+    print(f"{'variant':<12}{'compute s':>11}{'tokens/s':>11}{'padded':>9}{'prefix saved':>14}{'peak GiB':>10}")
+    for name, v in r["variants"].items():
+        peak = f"{v['peak_allocated_gib']:.2f}" if v["peak_allocated_gib"] else "-"
+        print(f"{name:<12}{v['compute_s']:11.3f}{v['tokens_per_s']:11.0f}{v['padded_frac']:9.3f}"
+              f"{v['prefix_saved_frac']:14.3f}{peak:>10}")
+
+
 def bench_cpu_decode(args: argparse.Namespace) -> dict[str, Any]:
     """Tokens/s of ``TransformersEngine`` with its transformers loop (old) and rlsys/engines/cpu_decode.py (new) on
     the main job's rollout shape; rounds alternate which loop goes first, so drift from other load favours neither."""
@@ -710,6 +798,21 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--cache", default="/tmp/rlsys-bench", help="where named models are built")
         p.add_argument("--out", help="write the results as JSON here")
         p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
+    lrn = sub.add_parser("learner", help="the learner alone on synthetic batches: tokens/s, padding, memory")
+    lrn.add_argument("--config", default="configs/gsm-qwen0.5b.toml", help="the learner's settings (overrides win)")
+    lrn.add_argument("--model", help=f"{models}, or any model.ckpt value (default: the config's)")
+    lrn.add_argument("--groups", type=int, default=8, help="prompts a step")
+    lrn.add_argument("--samples", type=int, default=8, help="answers a prompt")
+    lrn.add_argument("--prompt-tokens", type=int, default=450)
+    lrn.add_argument("--answer-min", type=int, default=100)
+    lrn.add_argument("--answer-max", type=int, default=1500)
+    lrn.add_argument("--steps", type=int, default=5, help="timed steps after the warm-up")
+    lrn.add_argument("--warmup", type=int, default=1)
+    lrn.add_argument("--variant", action="append", metavar="NAME=KEY=VALUE,...",
+                     help="a learner to measure (repeatable; default: learner.length_order true and false)")
+    lrn.add_argument("--cache", default="/tmp/rlsys-bench", help="where named models are built")
+    lrn.add_argument("--out", help="write the results as JSON here")
+    lrn.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides for every variant")
     cost = sub.add_parser("proxy-cpu", help="the proxy's CPU seconds per request, with an instant engine")
     cost.add_argument("--requests", type=int, default=128, help="requests at once per round")
     cost.add_argument("--boards", type=int, default=16, help="distinct boards among them")
@@ -765,6 +868,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2))
         print_cpu_decode(result)
+        return 0
+    if args.command == "learner":
+        result = bench_learner(args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2))
+        print_learner(result)
         return 0
     if args.command == "proxy-cpu":
         result = bench_proxy_cpu(args)

@@ -332,6 +332,11 @@ class LearnerConfig(_Section):
     """GSPO/GRPO: run the prompt that the samples of a micro-batch share forward once and their answers on its KV
     cache (`rlsys/prefix.py`; same logprobs and gradients, ~6x fewer tokens on tic-tac-toe). Sequences whose
     prompt no other one has, SFT, and models under gradient checkpointing take the plain full-sequence forward."""
+    length_order: bool = True
+    """Within the rows of one prompt, shorter first before they are cut into micro-batches of `mini_bs` (the
+    prompts' order and the gradients stay the same): a micro-batch is as long as its longest row, so short answers
+    no longer pad to long ones (`train/padded_frac`; `python -m jobs.bench learner` measures both orders). False:
+    the rows of a prompt in their sampled order, as before 2026-12-04."""
     cudnn_attention: bool = False
     """Let the learner's attention (PyTorch's scaled_dot_product_attention) pick the cuDNN kernel on CUDA. Off by
     default: with torch 2.11 on an H200, cuDNN's backward returns NaN gradients for a masked micro-batch whose

@@ -82,16 +82,18 @@ def find_prefix_groups(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[
     return PrefixGroups(members, lengths, sorted(rest))
 
 
-def group_order(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]]) -> list[int]:
+def group_order(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], by_length: bool = True
+                ) -> list[int]:
     """A stable order of the rows that puts rows with the same prompt next to each other (first appearance
     first), so that a sharing group lands in one micro-batch, and within a prompt the shorter rows first, so that
     the micro-batches a group is cut into pad less: a micro-batch is as long as its longest row, and gsm's answers
-    of one problem run from ~100 to ~1,500 tokens (learner's `train/padded_frac`)."""
+    of one problem run from ~100 to ~1,500 tokens (learner's `train/padded_frac`). ``by_length=False``: a
+    prompt's rows in their given order."""
     keys: dict[tuple[int, ...], int] = {}
     order = []
     for i, (ids, mask) in enumerate(zip(input_ids, loss_masks)):
         first = next((t for t, m in enumerate(mask) if m), len(mask))
-        order.append((keys.setdefault(tuple(ids[:first]), len(keys)), len(ids), i))
+        order.append((keys.setdefault(tuple(ids[:first]), len(keys)), len(ids) if by_length else 0, i))
     return [i for _, _, i in sorted(order)]
 
 

@@ -5,7 +5,7 @@
 # Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-v1, startup-fulldecode,
 # bench-step-fulldecode, machine,
 # startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
-# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b,
+# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b, bench-learner, fingerprint,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
 set -u
@@ -89,6 +89,12 @@ step bench-step-fulldecode ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT 
 step bench-proxy ${BENCH_PROXY_S:-300} python3 -m jobs.bench proxy $TTT --model qwen0.5b-random --cache $BENCH --rounds 3 \
   --env-workers ${PROXY_WORKERS:-auto,2} --out "$out/bench-proxy.json" rollout.batch_size=16 rollout.n_samples=8 rollout.max_new_tokens=128 \
   rollout.max_model_len=512 rollout.engine_max_batch=128 env.max_concurrency=128 rollout.enforce_eager=${PROXY_EAGER:-true}
+# the learner alone on gsm-shaped batches (configs/gsm-qwen0.5b.toml: LoRA, 8-bit Adam, mini_bs 4), a random 0.5B:
+# the rows of a prompt sorted by length against their sampled order (issue 24, item 3)
+step bench-learner ${BENCH_LEARNER_S:-300} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH --steps 5 \
+  --out "$out/bench-learner.json"
+# the weight fingerprint's reductions, the first way and rlsys's (issue 24, item 4)
+step fingerprint ${FINGERPRINT_S:-120} python3 scripts/fingerprint_bench.py --repeats 30 --out "$out/fingerprint.json"
 # the weight push of a 1.5B model (goal < 10 ms/GiB)
 step bench-sync15 ${BENCH_S:-240} python3 -m jobs.bench sync --model qwen1.5b-random --cache $BENCH --out "$out/bench-sync15.json"
 # the tic-tac-toe job with a random 1.5B model under a 24 GiB budget: 3 steps after a warm-up, peak memory per phase

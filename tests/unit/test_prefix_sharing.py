@@ -212,6 +212,23 @@ def test_learner_minibatch_gradients_equal_with_and_without_sharing(tmp_path, ti
         assert stats[True][key] == pytest.approx(stats[False][key], rel=1e-4, abs=1e-6), key
 
 
+def test_the_length_order_changes_the_micro_batches_not_the_gradient(tmp_path, tiny_model_path):
+    """`learner.length_order`: a prompt's rows shorter first (less padding), the same gradient as in sampled order."""
+    from tests.conftest import make_learner
+
+    grads, padded = {}, {}
+    for on in (True, False):
+        learner = make_learner(job_config(tmp_path, f"learner.length_order={str(on).lower()}", "algo.name=gspo",
+                                          mini_bs="2", batch_size="3", n_samples="4"), tiny_model_path)
+        trajs = _trajectories()  # samples 0-3 of boards 0 and 1 interleaved, answers 3-6 and 4-7 tokens, and a lone one
+        learner._train([trajs[2 * s + g] for s in (0, 3, 1, 2) for g in (0, 1)] + trajs[8:])  # sampled: 3, 6, 4, 5
+        padded[on] = learner._padding[0]
+        grads[on] = {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+    assert padded[True] < padded[False]  # micro-batches of 2: (3, 4) (5, 6) pad 2 positions a board, (3, 6) (4, 5) 4
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
 def test_sharing_is_off_under_gradient_checkpointing(tmp_path, tiny_model_path):
     from tests.conftest import make_learner
 
