@@ -469,6 +469,8 @@ class Learner:
     def _by_prompt(self, rows: list[_Row]) -> list[_Row]:
         """Rows that share a prompt next to each other, shorter first (`rlsys.prefix.group_order`): with prefix
         sharing they share a micro-batch's prompt forward, and either way the micro-batches pad less."""
+        if not (self.prefix_sharing or self.cfg.learner.length_order):
+            return rows
         order = group_order([r.segment.input_ids for r in rows], [r.segment.loss_mask for r in rows],
                             by_length=self.cfg.learner.length_order)
         return [rows[i] for i in order]
