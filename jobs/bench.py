@@ -863,17 +863,13 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"compare: {path}: {err}")
         print(compare_table(runs))
         return 0
-    if args.command == "cpu-decode":
-        result = bench_cpu_decode(args)
+    local = {"cpu-decode": (bench_cpu_decode, print_cpu_decode), "learner": (bench_learner, print_learner)}
+    if args.command in local:  # in this process, no Ray: measure, write the JSON, print the table
+        measure, show = local[args.command]
+        result = measure(args)
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2))
-        print_cpu_decode(result)
-        return 0
-    if args.command == "learner":
-        result = bench_learner(args)
-        if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=2))
-        print_learner(result)
+        show(result)
         return 0
     if args.command == "proxy-cpu":
         result = bench_proxy_cpu(args)
