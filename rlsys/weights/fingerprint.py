@@ -62,7 +62,9 @@ def _bucket_parts(bucket: WeightBucket) -> list[tuple[list[str], torch.Tensor]]:
     """The sums of a bucket's tensors: those of whole 256-byte rows in three kernels over its buffer (64-word row
     sums, their running sum, a gather at the tensors' bounds), any other one reduction each."""
     rows = bucket.buffer.numel() // ALIGN_BYTES
-    whole = [m for m in bucket.metas if m.nbytes % ALIGN_BYTES == 0] if rows else []
+    whole, rest = [], []
+    for m in bucket.metas:
+        (whole if rows and m.nbytes % ALIGN_BYTES == 0 else rest).append(m)
     parts = []
     if whole:
         words = bucket.buffer[: rows * ALIGN_BYTES].view(torch.int32).view(rows, _ROW_WORDS)
@@ -70,10 +72,9 @@ def _bucket_parts(bucket: WeightBucket) -> list[tuple[list[str], torch.Tensor]]:
         torch.cumsum(words.sum(1, dtype=torch.int32), 0, dtype=torch.int32, out=running[1:])
         bounds = torch.tensor([[m.offset // ALIGN_BYTES, m.end // ALIGN_BYTES] for m in whole], device=words.device)
         parts.append(([m.name for m in whole], running[bounds[:, 1]] - running[bounds[:, 0]]))
-    for m in bucket.metas:
-        if not (rows and m.nbytes % ALIGN_BYTES == 0):
-            tensor = bucket.buffer[m.offset : m.end].view(m.dtype)
-            parts.append(([m.name], _integers(tensor).sum(dtype=torch.int32)))
+    for m in rest:
+        tensor = bucket.buffer[m.offset : m.end].view(m.dtype)
+        parts.append(([m.name], _integers(tensor).sum(dtype=torch.int32)))
     return parts
 
 
