@@ -1,8 +1,8 @@
 """The learner: a transformers causal LM trained with GSPO, GRPO or SFT on trajectories from the object store.
 
 A plain class (testable without Ray); jobs/ wraps it with `ray.remote`. One `train` call = one rollout
-batch = `algo.n_minibatches` optimizer steps, each over micro-batches of `learner.mini_bs` sequences with
-gradient accumulation. Departures worth knowing:
+batch = `algo.n_minibatches` optimizer steps, each over micro-batches of `learner.mini_bs` sequences (or of
+`learner.micro_batch_tokens` padded positions) with gradient accumulation. Departures worth knowing:
 - Sequences whose advantage is exactly 0 (zero-variance groups) contribute no gradient to GSPO/GRPO, so
   they are not run through the model at all; the loss normaliser still counts them, so the update is the
   same as computing them (and CPU runs get much faster once the policy is confident).
@@ -177,6 +177,7 @@ class Learner:
             self.prefix_sharing = False
         self._tokens = [0, 0]  # input tokens [not run thanks to prefix sharing, in all] of this `train` call
         self._padding = [0, 0]  # positions of this `train` call's micro-batches [padded, in all]
+        self._micro = 0  # micro-batches of this `train` call (forward + backward each)
 
     # --- data parallelism ------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -256,6 +257,7 @@ class Learner:
         self._last_trained: list[Segment] = []
         self._tokens = [0, 0]
         self._padding = [0, 0]
+        self._micro = 0
         # "decoupled" with one optimizer step per batch: the weights that would recompute logp_old are the ones that
         # compute logp_new, so _minibatch takes logp_new, detached (ratio exactly 1), instead of a second forward.
         # The recompute ran other micro-batches whose bf16 rounding differed: ratios of 1 +- 4e-4 that the 3e-4
@@ -293,6 +295,7 @@ class Learner:
         if self.prefix_sharing:
             out["train/prefix_saved_frac"] = self._tokens[0] / max(self._tokens[1], 1)
         out["train/padded_frac"] = self._padding[0] / max(self._padding[1], 1)
+        out["train/micro_batches"] = float(self._micro)
         return out
 
     def _report_nonfinite(self, chunk: list[_Row], gnorm: float, loss: float) -> None:
@@ -344,9 +347,8 @@ class Learner:
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
         loss_sum = 0.0
-        mbs = self.cfg.learner.mini_bs
-        for start in range(0, len(active), mbs):
-            micro = active[start : start + mbs]
+        for k, micro in enumerate(self._micro_batches(active)):
+            self._micro += 1
             batch = _collate(micro, self.pad_id, self.device)
             self._padding[0] += batch["input_ids"].numel() - sum(len(r.segment.input_ids) for r in micro)
             self._padding[1] += batch["input_ids"].numel()
@@ -379,7 +381,7 @@ class Learner:
                 reg, reg_m = regularizer_loss(mask, self._reg, entropy=entropy, logp_new=logp_new, logp_ref=logp_ref,
                                               normalizer=tokens)
                 loss, m = loss + reg, {**m, **reg_m}
-                if first and start == 0:
+                if first and k == 0:
                     with torch.no_grad():
                         diff = (rollout_lp - logp_new).abs()
                         m["train/logp_diff_mean"] = float((diff * mask).sum() / mask.sum().clamp(min=1))
@@ -397,7 +399,7 @@ class Learner:
                 counts[k] = counts.get(k, 0.0) + weight
         loss_sum = self._reduce_gradients(loss_sum)
         if first and algo != "sft" and not active and local:  # keep the stale-weights alarm without signal
-            idle = self._logp_diff(local[:mbs])  # and the entropy, measured on the same forward
+            idle = self._logp_diff(self._micro_batches(local)[0])  # and the entropy, on the same forward
             sums.update(idle)
             counts.update({k: 1.0 for k in idle})
         stats = {k: v / counts[k] for k, v in sums.items()}
@@ -429,9 +431,7 @@ class Learner:
     def _recompute_old_logprobs(self, rows: list[_Row]) -> dict[int, torch.Tensor]:
         self.model.eval()
         out = {}
-        rows = self._by_prompt(rows)
-        for start in range(0, len(rows), self.cfg.learner.mini_bs):
-            micro = rows[start : start + self.cfg.learner.mini_bs]
+        for micro in self._micro_batches(self._by_prompt(rows)):
             batch = _collate(micro, self.pad_id, self.device)
             lp = self._token_logprobs(micro, batch)  # (B, T-1)
             for r, row_lp in zip(micro, lp):
@@ -465,6 +465,9 @@ class Learner:
         if self.ref_model is None:
             return None
         return self._token_logprobs(micro, batch, model=self.ref_model).float()
+
+    def _micro_batches(self, rows: list[_Row]) -> list[list[_Row]]:
+        return micro_batches(rows, self.cfg.learner.mini_bs, self.cfg.learner.micro_batch_tokens)
 
     def _by_prompt(self, rows: list[_Row]) -> list[_Row]:
         """Rows that share a prompt next to each other, shorter first (`rlsys.prefix.group_order`): with prefix
@@ -711,6 +714,24 @@ def _resolve(items: Sequence[Any]) -> list[Trajectory]:
 
         items = ray.get(list(items))
     return list(items)
+
+
+def micro_batches(rows: Sequence[_Row], mini_bs: int, token_budget: int | None = None) -> list[list[_Row]]:
+    """``rows`` cut in order into micro-batches: ``mini_bs`` rows each, or with ``token_budget``
+    (`learner.micro_batch_tokens`) as many consecutive rows as keep rows x longest row within it (one row at least)."""
+    if not token_budget:
+        return [list(rows[i : i + mini_bs]) for i in range(0, len(rows), mini_bs)]
+    out: list[list[_Row]] = []
+    longest = 0
+    for r in rows:
+        n = len(r.segment.input_ids)
+        if out and out[-1] and (len(out[-1]) + 1) * max(longest, n) <= token_budget:
+            out[-1].append(r)
+            longest = max(longest, n)
+        else:
+            out.append([r])
+            longest = n
+    return out
 
 
 def _split(rows: list[_Row], n: int) -> list[list[_Row]]:

@@ -677,6 +677,7 @@ def bench_learner(args: argparse.Namespace) -> dict[str, Any]:
             "compute_s": statistics.median(compute),
             "tokens_per_s": statistics.median(n / c for n, c in zip(real[args.warmup:], compute)),
             "padded_frac": statistics.fmean(r.get("train/padded_frac", 0.0) for r in rows),
+            "micro_batches": statistics.fmean(r.get("train/micro_batches", 0.0) for r in rows),
             "prefix_saved_frac": statistics.fmean(r.get("train/prefix_saved_frac", 0.0) for r in rows),
             "peak_allocated_gib": max((r.get("mem/learner_peak_allocated_gib") or 0.0) for r in rows) or None,
             "loss": [r.get("train/loss") for r in rows], "device": str(learner.device)}
@@ -692,11 +693,12 @@ def print_learner(r: dict[str, Any]) -> None:
     print(f"\nlearner, {r['model']}: {r['groups']} prompts x {r['samples']} answers, prompt {r['prompt_tokens']} "
           f"tokens, answers {r['answer_range'][0]}-{r['answer_range'][1]} (log-uniform), "
           f"{r['tokens_per_step']:.0f} tokens a step, median of {r['steps']} steps after {r['warmup']}")
-    print(f"{'variant':<12}{'compute s':>11}{'tokens/s':>11}{'padded':>9}{'prefix saved':>14}{'peak GiB':>10}")
+    print(f"{'variant':<12}{'compute s':>11}{'tokens/s':>11}{'padded':>9}{'micro':>7}{'prefix saved':>14}"
+          f"{'peak GiB':>10}")
     for name, v in r["variants"].items():
         peak = f"{v['peak_allocated_gib']:.2f}" if v["peak_allocated_gib"] else "-"
         print(f"{name:<12}{v['compute_s']:11.3f}{v['tokens_per_s']:11.0f}{v['padded_frac']:9.3f}"
-              f"{v['prefix_saved_frac']:14.3f}{peak:>10}")
+              f"{v.get('micro_batches', 0.0):7.1f}{v['prefix_saved_frac']:14.3f}{peak:>10}")
 
 
 def bench_cpu_decode(args: argparse.Namespace) -> dict[str, Any]:

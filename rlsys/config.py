@@ -328,6 +328,13 @@ class LearnerConfig(_Section):
     """Gradient clipping; a non-finite norm skips the optimizer step."""
     mini_bs: int = Field(4, ge=1)
     """Micro-batch size (trajectories per forward/backward); gradients accumulate over micro-batches."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Cut micro-batches by size instead of by count (verl's dynamic batch size): consecutive rows, in the learner's
+    order (a prompt's rows together, shorter first), share a micro-batch while rows x its longest row stays within
+    this many padded positions; a longer row runs alone. None: `mini_bs` rows each. Fewer, fuller forwards where a
+    micro-batch's fixed cost (kernel launches, Python) outweighs its tokens' arithmetic; the learner's peak memory
+    follows this budget instead of `mini_bs` times the longest rows. Same gradient either way (the loss normaliser
+    is the minibatch's); `train/micro_batches` counts them."""
     prefix_sharing: bool = True
     """GSPO/GRPO: run the prompt that the samples of a micro-batch share forward once and their answers on its KV
     cache (`rlsys/prefix.py`; same logprobs and gradients, ~6x fewer tokens on tic-tac-toe). Sequences whose
@@ -496,7 +503,7 @@ class Config(_Section):
                 f"rollout.n_samples = {total}"
             )
         per_minibatch = total // a.n_minibatches
-        if per_minibatch % self.learner.mini_bs:
+        if self.learner.micro_batch_tokens is None and per_minibatch % self.learner.mini_bs:
             raise ValueError(
                 f"learner.mini_bs: {self.learner.mini_bs} does not divide a minibatch of {per_minibatch} "
                 f"trajectories (rollout.batch_size x rollout.n_samples / algo.n_minibatches; SFT: n_samples=1)"

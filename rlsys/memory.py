@@ -7,7 +7,7 @@ the budget: the learner's torch allocator is capped with `torch.cuda.set_per_pro
 `gpu_memory_utilization` is sized from the remainder (actors/learner.py, actors/rollout.py).
 
 What is counted (bytes; P = parameters, d = bytes of the weights' dtype, T = tokens of one micro-batch =
-`learner.mini_bs` x sequence length, V = vocabulary, h = hidden, i = intermediate, L = layers):
+`learner.mini_bs` x sequence length, or `learner.micro_batch_tokens`, V = vocabulary, h = hidden, i = intermediate, L = layers):
 - learner: weights P*w and gradients P*w (w = d, or 4 with `learner.fp32_master`), optimizer states (8-bit Adam:
   2 bytes/param; torch AdamW: two states in the parameters' dtype, 2*P*w, i.e. 8 bytes/param in float32), the
   weight-push buffers P*d (the packer keeps a packed copy of every parameter, in the engine's dtype, for reuse,
@@ -143,6 +143,7 @@ class JobShape:
     adam_8bit: bool = False
     gradient_checkpointing: bool = False
     mini_bs: int = 4  # sequences per forward/backward
+    micro_batch_tokens: int | None = None  # learner.micro_batch_tokens: padded positions per forward/backward
     seq_len: int = 2048  # tokens of one training sequence (prompt + completion)
     max_model_len: int = 2048
     engine_max_batch: int = 64  # vLLM max_num_seqs
@@ -154,6 +155,14 @@ class JobShape:
     lora_targets: tuple[str, ...] = ()  # learner.lora.target_modules
     lora_base_4bit: bool = False  # learner.lora.base_4bit
 
+    @property
+    def micro_tokens(self) -> int:
+        """Padded positions of the largest micro-batch: `mini_bs` rows of `seq_len`, or the token budget (a row
+        longer than the budget runs alone)."""
+        if self.micro_batch_tokens:
+            return max(self.micro_batch_tokens, self.seq_len)
+        return self.mini_bs * self.seq_len
+
     @classmethod
     def from_config(cls, cfg: Any, prompt_tokens: int | None = None) -> JobShape:
         """From an rlsys `Config`; ``prompt_tokens`` (when known) bounds the sequence length below max_model_len."""
@@ -164,7 +173,8 @@ class JobShape:
         lora = getattr(cfg.learner, "lora", None)
         lora_on = bool(lora is not None and lora.enabled)
         return cls(dtype_bytes=d, param_bytes=master, adam_8bit=cfg.learner.adam_8bit,
-                   gradient_checkpointing=cfg.model.gradient_checkpointing, mini_bs=cfg.learner.mini_bs, seq_len=seq,
+                   gradient_checkpointing=cfg.model.gradient_checkpointing, mini_bs=cfg.learner.mini_bs,
+                   micro_batch_tokens=getattr(cfg.learner, "micro_batch_tokens", None), seq_len=seq,
                    max_model_len=r.max_model_len, engine_max_batch=r.engine_max_batch,
                    concurrency=r.batch_size * (1 if cfg.algo.name == "sft" else r.n_samples),
                    enforce_eager=r.enforce_eager,
@@ -222,7 +232,7 @@ class Estimate:
                        f"{', 4-bit base' if j.lora_base_4bit else ''})")
         lines = [f"memory estimate: {p / 1e9:.3f}B parameters, {j.dtype_bytes}-byte weights{master}, "
                  f"{'8-bit' if j.adam_8bit else 'torch'} AdamW, gradient checkpointing "
-                 f"{'on' if j.gradient_checkpointing else 'off'}, micro-batch {j.mini_bs} x {j.seq_len} tokens, "
+                 f"{'on' if j.gradient_checkpointing else 'off'}, micro-batch {_micro_text(j)}, "
                  f"engine {min(j.engine_max_batch, j.concurrency)} sequences x {j.seq_len} tokens "
                  f"(max_model_len {j.max_model_len})"]
         for side, parts in (("learner", self.learner), ("engine (vLLM)", self.engine)):
@@ -276,7 +286,7 @@ def estimate(model: ModelShape, job: JobShape, budget_gib: float | None = None) 
     p, d = model.num_params(), job.dtype_bytes
     w = job.param_bytes or d  # learner weights and gradients (fp32 masters: 4)
     h, i, L, V = model.hidden, model.intermediate, model.layers, model.vocab
-    tokens = job.mini_bs * job.seq_len  # one micro-batch
+    tokens = job.micro_tokens  # one micro-batch
     per_token_layer = d * (18 * h + 3 * model.kv_dim + 4 * i)
     if job.gradient_checkpointing:
         activations = tokens * (L * d * h + per_token_layer)  # one hidden state per layer + one layer recomputed
@@ -333,7 +343,7 @@ def _lora_estimate(model: ModelShape, job: JobShape, activations: int, logits: i
     adapters = model.lora_params(job.lora_rank, job.lora_targets)
     shapes = model.linear_shapes()
     targets = [t for t in job.lora_targets if t in shapes]
-    tokens = job.mini_bs * job.seq_len
+    tokens = job.micro_tokens
     # peft casts each targeted layer's input to the adapters' float32 and keeps it and the r-wide product for backward
     activations += tokens * model.layers * sum(4 * (shapes[t][1] + job.lora_rank) for t in targets)
     if job.lora_base_4bit:
@@ -375,6 +385,12 @@ class Proposal:
         return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.changed.items()]
 
 
+def _micro_text(job: JobShape) -> str:
+    if job.micro_batch_tokens:
+        return f"{job.micro_tokens} padded tokens (learner.micro_batch_tokens)"
+    return f"{job.mini_bs} x {job.seq_len} tokens"
+
+
 def _divisors_desc(n: int) -> list[int]:
     return [k for k in range(n, 0, -1) if n % k == 0]
 
@@ -395,7 +411,8 @@ def suggest(model: ModelShape, job: JobShape, budget_gib: float, *, per_minibatc
     best: tuple[float, int, Proposal] | None = None
     for eight_bit in adam:
         for ckpt in checkpointing:
-            for mbs in _divisors_desc(per_minibatch or job.mini_bs):
+            # a token budget sizes the micro-batches instead (kept as the user set it)
+            for mbs in [job.mini_bs] if job.micro_batch_tokens else _divisors_desc(per_minibatch or job.mini_bs):
                 for conc in concurrency:
                     engine_max = conc if conc != current else job.engine_max_batch
                     cand = replace(job, adam_8bit=eight_bit, gradient_checkpointing=ckpt, mini_bs=mbs,

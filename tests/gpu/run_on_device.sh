@@ -5,7 +5,7 @@
 # Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-v1, startup-fulldecode,
 # bench-step-fulldecode, machine,
 # startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
-# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b, bench-learner, fingerprint,
+# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b, bench-learner, bench-learner-micro, fingerprint,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
 set -u
@@ -93,6 +93,12 @@ step bench-proxy ${BENCH_PROXY_S:-300} python3 -m jobs.bench proxy $TTT --model 
 # the rows of a prompt sorted by length against their sampled order (issue 24, item 3)
 step bench-learner ${BENCH_LEARNER_S:-300} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH --steps 5 \
   --out "$out/bench-learner.json"
+# the learner's micro-batches by count and by padded tokens (learner.micro_batch_tokens): is a micro-batch's fixed cost
+# what bounds it? (the two row orders above trained at the same speed on the H200 with 15% fewer padded positions)
+step bench-learner-micro ${BENCH_LEARNER_S:-420} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH \
+  --steps 5 --variant mbs4=learner.mini_bs=4 --variant mbs8=learner.mini_bs=8 \
+  --variant tok8k=learner.micro_batch_tokens=8192 --variant tok16k=learner.micro_batch_tokens=16384 \
+  --out "$out/bench-learner-micro.json"
 # the weight fingerprint's reductions, the first way and rlsys's (issue 24, item 4)
 step fingerprint ${FINGERPRINT_S:-120} python3 scripts/fingerprint_bench.py --repeats 30 --out "$out/fingerprint.json"
 # the weight push of a 1.5B model (goal < 10 ms/GiB)

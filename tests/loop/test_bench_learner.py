@@ -39,3 +39,18 @@ def test_bench_learner_measures_both_orders_on_the_same_batches(tmp_path, capsys
     assert sorted_["padded_frac"] < sampled["padded_frac"]  # short answers no longer pad to long ones
     assert sorted_["loss"][0] == pytest.approx(sampled["loss"][0], rel=1e-4, abs=1e-6)  # the same update
     assert "padded" in capsys.readouterr().out
+
+
+def test_bench_learner_variants_by_token_budget_run_fewer_micro_batches(tmp_path):
+    from jobs.bench import main
+
+    out = tmp_path / "learner.json"
+    rc = main(["learner", "--config", "configs/tictactoe-tiny-cpu.toml", "--model", "rlsys:tiny", "--groups", "2",
+               "--samples", "4", "--prompt-tokens", "20", "--answer-min", "4", "--answer-max", "40", "--steps", "1",
+               "--warmup", "0", "--out", str(out), "--variant", "rows=learner.mini_bs=2",
+               "--variant", "tokens=learner.micro_batch_tokens=240"])
+    assert rc == 0
+    r = json.loads(out.read_text())["variants"]
+    assert r["rows"]["micro_batches"] == 4  # 8 answers, 2 a micro-batch
+    assert r["tokens"]["micro_batches"] < r["rows"]["micro_batches"]  # rows of 24-60 tokens: 4+ fit 240 positions
+    assert r["tokens"]["loss"][0] == pytest.approx(r["rows"]["loss"][0], rel=1e-4, abs=1e-6)  # the same update

@@ -221,9 +221,12 @@ def test_the_length_order_changes_the_micro_batches_not_the_gradient(tmp_path, t
         learner = make_learner(job_config(tmp_path, f"learner.length_order={str(on).lower()}", "algo.name=gspo",
                                           mini_bs="2", batch_size="3", n_samples="4"), tiny_model_path)
         trajs = _trajectories()  # samples 0-3 of boards 0 and 1 interleaved, answers 3-6 and 4-7 tokens, and a lone one
-        learner._train([trajs[2 * s + g] for s in (0, 3, 1, 2) for g in (0, 1)] + trajs[8:])  # sampled: 3, 6, 4, 5
+        rows, _ = learner._policy_rows([trajs[2 * s + g] for s in (0, 3, 1, 2) for g in (0, 1)] + trajs[8:])
+        learner._last_trained = []
+        learner._minibatch(rows, None, first=True)  # sampled order: 3, 6, 4, 5; the gradient before the step
         padded[on] = learner._padding[0]
         grads[on] = {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+    assert grads[False], "no gradient: the rows had no advantage"
     assert padded[True] < padded[False]  # micro-batches of 2: (3, 4) (5, 6) pad 2 positions a board, (3, 6) (4, 5) 4
     for name, g in grads[False].items():
         torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
@@ -272,3 +275,23 @@ def test_logprobs_keep_no_float32_copy_of_bf16_logits_for_backward(model, path):
     torch.testing.assert_close(logp[sampled].detach(), ref[sampled], rtol=0, atol=1e-2 if path == "shared" else 1e-5)
     (logp[sampled].sum() + entropy[sampled].sum()).backward()  # the graph runs back through the chunked functions
     assert bf16.lm_head.weight.grad is not None and bf16.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_a_token_budget_cuts_fewer_micro_batches_with_the_same_gradient(tmp_path, tiny_model_path):
+    """`learner.micro_batch_tokens`: micro-batches sized by padded positions instead of rows; the loss normaliser is
+    the minibatch's, so the gradient is the one of `mini_bs` micro-batches; fewer forwards (`train/micro_batches`)."""
+    from tests.conftest import make_learner
+
+    grads, counts = {}, {}
+    for name, flags in (("rows", []), ("tokens", ["learner.micro_batch_tokens=120"])):
+        learner = make_learner(job_config(tmp_path, "algo.name=gspo", *flags, mini_bs="2", batch_size="3",
+                                          n_samples="4"), tiny_model_path)
+        rows, _ = learner._policy_rows(_trajectories())  # 8 rows of 33-37 tokens and 26-29, one of 21: 3 x 37 <= 120
+        learner._last_trained = []
+        learner._minibatch(rows, None, first=True)  # the gradient before the optimizer step
+        counts[name] = learner._micro
+        grads[name] = {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+    assert counts["tokens"] < counts["rows"], counts
+    assert grads["rows"], "no gradient: the rows had no advantage"
+    for name, g in grads["rows"].items():
+        torch.testing.assert_close(grads["tokens"][name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
