@@ -94,7 +94,7 @@ step bench-proxy ${BENCH_PROXY_S:-300} python3 -m jobs.bench proxy $TTT --model 
 step bench-learner ${BENCH_LEARNER_S:-300} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH --steps 5 \
   --out "$out/bench-learner.json"
 # the learner's micro-batches by count and by padded tokens (learner.micro_batch_tokens): is a micro-batch's fixed cost
-# what bounds it? (the two row orders above trained at the same speed on the H200 with 15% fewer padded positions)
+# what bounds it? (the two row orders above trained at the same speed on the H200 though one ran 13% fewer positions)
 step bench-learner-micro ${BENCH_LEARNER_S:-420} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH \
   --steps 5 --variant mbs4=learner.mini_bs=4 --variant mbs8=learner.mini_bs=8 \
   --variant tok8k=learner.micro_batch_tokens=8192 --variant tok16k=learner.micro_batch_tokens=16384 \
