@@ -60,7 +60,7 @@ class WorkerExtension:
     def rlsys_fingerprint(self) -> dict | None:
         """{HF name: exact bit sum} of what the last push wrote (rlsys/weights/fingerprint.py): the model's weights
         through the direct-copy plan's views, or with LoRA the adapters last merged; None without a valid plan."""
-        from rlsys.weights.fingerprint import tensor_sums
+        from rlsys.weights.fingerprint import WordSums
 
         lora = getattr(self, "_rlsys_lora", None)
         if lora is not None:
@@ -68,7 +68,10 @@ class WorkerExtension:
         plan = getattr(self, "_rlsys_plan", None)
         if plan is None or not plan.still_valid():
             return None
-        return tensor_sums(zip(plan.names, plan.views))
+        cached = getattr(self, "_rlsys_word_sums", None)  # the plan's views last as long as it does
+        if cached is None or cached[0] is not plan:
+            cached = self._rlsys_word_sums = (plan, WordSums(zip(plan.names, plan.views)))
+        return cached[1]()
 
     def rlsys_device(self) -> dict:
         """Where this worker's weights live: {"gpu_uuid", "node_id"} (Ray's node id; None outside Ray)."""

@@ -7,8 +7,9 @@ The first fingerprint launched one int16 -> int64 reduction per tensor from Pyth
 13.8-14.0 ms a side in `jobs.bench sync`. Compared here, on the same 290 bf16 tensors:
 
 - eager: that first way (one int64 sum of the int16 elements per tensor);
-- rlsys: `tensor_sums` (an engine's: 32-bit words per tensor, int32) and `bucket_sums` (a learner's: the same
-  tensors packed in one bucket, summed flat), which must agree with each other and with the words' sums;
+- rlsys: `tensor_sums` (32-bit words per tensor, int32, the views made at each call), `WordSums` (an engine's:
+  the same with the views made once) and `bucket_sums` (a learner's: the same tensors packed in one bucket, summed
+  flat), which must agree with each other and with the words' sums;
 - graph: the same 290 reductions captured once into a CUDA graph writing one int64 vector (an engine's parameters
   and a learner's buckets never move, so the capture stays valid), replayed per check;
 - flat: the tensors in one buffer at 128-element-aligned offsets (a learner's bucket is one buffer): one row-sum
@@ -29,7 +30,7 @@ import time
 import torch
 
 from rlsys.weights.buckets import BucketPacker
-from rlsys.weights.fingerprint import bucket_sums, tensor_sums
+from rlsys.weights.fingerprint import WordSums, bucket_sums, tensor_sums
 
 ROW = 128  # the flat layout's row: divides every tensor's element count here (the smallest, k/v biases, is 128)
 
@@ -82,6 +83,9 @@ def main() -> int:
 
     eager_ms, eager = timed(int64_elements, args.repeats)
     engine_ms, engine_sums = timed(lambda: tensor_sums(named), args.repeats)
+    word_sums = WordSums(named)  # an engine's: views made once, as actors/vllm_ext.py keeps them with its plan
+    engine_once_ms, engine_once = timed(word_sums, args.repeats)
+    assert engine_once == engine_sums, "rlsys: WordSums differ from tensor_sums"
     packer = BucketPacker.for_tensors(named, bucket_bytes=2 << 30, device=dev)  # one bucket, as a 0.5B push
     buckets = packer.pack(named)
     learner_ms, learner_sums = timed(lambda: bucket_sums(buckets), args.repeats)
@@ -161,7 +165,8 @@ def main() -> int:
               "graph_ms": round(graph_ms, 3), "flat_ms": round(flat_ms, 3), "same_sums": True,
               "eager_int32_ms": round(eager32_ms, 3), "flat_int32_ms": round(flat32_ms, 3),
               "flat_int32_words_ms": round(words_ms, 3), "eager_int32_words_ms": round(eager_words_ms, 3),
-              "rlsys_tensor_sums_ms": round(engine_ms, 3), "rlsys_bucket_sums_ms": round(learner_ms, 3),
+              "rlsys_tensor_sums_ms": round(engine_ms, 3),
+              "rlsys_word_sums_ms": round(engine_once_ms, 3), "rlsys_bucket_sums_ms": round(learner_ms, 3),
               "int32_equals_int64_mod_2_32": int32_agrees,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
     print(json.dumps(result))

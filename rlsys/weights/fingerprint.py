@@ -31,7 +31,8 @@ _MASK = (1 << 32) - 1
 
 def _integers(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes as a flat integer tensor: 32-bit words when its size is a multiple of 4 bytes, else its
-    elements' bit patterns (what both sides of a push agree on: the choice depends on the size alone)."""
+    elements' bit patterns (what both sides of a push agree on: the choice depends on the size alone). A view of
+    the tensor's storage unless `_copied`."""
     t = tensor.detach().reshape(-1)
     nbytes = t.numel() * t.element_size()
     if nbytes % _WORD:
@@ -39,6 +40,13 @@ def _integers(tensor: torch.Tensor) -> torch.Tensor:
     if (t.storage_offset() * t.element_size()) % _WORD:  # a view starting mid-word: `view` needs whole words
         t = t.clone()
     return t.view(torch.uint8).view(torch.int32)
+
+
+def _copied(tensor: torch.Tensor) -> bool:
+    """Whether `_integers` of ``tensor`` is a copy, not a view of its storage: a non-contiguous tensor (`reshape`
+    copies it), or 32-bit words of one that starts mid-word."""
+    return (tensor.numel() * tensor.element_size()) % _WORD == 0 and \
+        (tensor.storage_offset() * tensor.element_size()) % _WORD != 0 or not tensor.is_contiguous()
 
 
 def _to_host(parts: list[tuple[list[str], torch.Tensor]]) -> dict[str, int]:
@@ -56,6 +64,29 @@ def _to_host(parts: list[tuple[list[str], torch.Tensor]]) -> dict[str, int]:
 def tensor_sums(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
     """{name: the tensor's bytes summed as 32-bit words, modulo 2**32} (see the module docstring)."""
     return _to_host([([name], _integers(tensor).sum(dtype=torch.int32)) for name, tensor in named])
+
+
+class WordSums:
+    """`tensor_sums` of tensors whose storage stays put (an engine's weights between pushes), their integer views
+    made once: each call is then one reduction per tensor, one stack and one transfer. On an H200, 290 tensors of
+    Qwen 0.5B took 4.9 ms through `tensor_sums` (views made every call) and 3.0 ms with the views made once
+    (docs/performance.md). The sums are read at call time: a push into the same storage changes them."""
+
+    def __init__(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.names: list[str] = []
+        self._words: list[torch.Tensor] = []  # a view of the storage, or the tensor itself where a view cannot be
+        self._later: list[bool] = []  # the tensor itself: `_integers` at each call (a copy taken then)
+        for name, tensor in named:
+            later = _copied(tensor)
+            self.names.append(name)
+            self._words.append(tensor if later else _integers(tensor))
+            self._later.append(later)
+
+    def __call__(self) -> dict[str, int]:
+        if not self.names:
+            return {}
+        sums = [(_integers(w) if later else w).sum(dtype=torch.int32) for w, later in zip(self._words, self._later)]
+        return _to_host([(self.names, torch.stack(sums))])
 
 
 def _bucket_parts(bucket: WeightBucket) -> list[tuple[list[str], torch.Tensor]]:

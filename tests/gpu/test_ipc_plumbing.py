@@ -248,6 +248,27 @@ def test_worker_loads_ipc_buckets_first_through_load_weights_then_by_direct_copy
         assert torch.equal(got[name], want), name
 
 
+def test_worker_fingerprint_follows_each_push_through_the_views_it_keeps():
+    """`rlsys_fingerprint` keeps its integer views with the direct-copy plan (`WordSums`), so after each push it
+    must read the new weights: the sums of what the learner packed, push after push; a moved parameter: None."""
+    from rlsys.weights.fingerprint import bucket_sums
+
+    worker = make_worker()
+    transport = make_transport("object_store")
+    worker.rlsys_set_transport(pickle.dumps(transport))
+    assert worker.rlsys_fingerprint() is None  # no plan before the first push
+    for seed in range(3):  # the first push builds the plan; the next ones copy through it
+        weights = hf_weights(seed)
+        buckets = BucketPacker.for_tensors(weights).pack(weights)
+        worker.rlsys_load_weights(pickle.dumps(transport.export(buckets)))
+        assert worker.rlsys_fingerprint() == bucket_sums(buckets), f"push {seed}"
+    kept = worker._rlsys_word_sums
+    worker.rlsys_fingerprint()
+    assert worker._rlsys_word_sums is kept  # one set of views per plan
+    worker.model_runner.model.params["norm"].data = torch.zeros(H)  # the engine reallocated a parameter
+    assert worker.rlsys_fingerprint() is None
+
+
 def test_worker_loads_cpu_buckets_of_the_object_store_transport():
     worker = make_worker()
     first = hf_weights(0)

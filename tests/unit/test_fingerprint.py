@@ -85,3 +85,25 @@ def test_a_changed_element_in_a_bucket_changes_its_tensor_only():
     sent = bucket_sums(packer.pack(named))
     named[1][1][5, 7] = -named[1][1][5, 7] if named[1][1][5, 7] != 0 else 1.0
     assert differing(sent, bucket_sums(packer.pack(named))) == ["b"]
+
+
+def test_word_sums_made_once_follow_writes_into_the_same_storage():
+    """`WordSums` (an engine's fingerprint, views made once): the same integers as `tensor_sums`, read at each call,
+    for plain, mid-word, odd-sized and non-contiguous tensors, so a later write into the weights changes them."""
+    from rlsys.weights.fingerprint import WordSums
+
+    torch.manual_seed(2)
+    fused = torch.randn(9, 6, dtype=torch.bfloat16)  # a fused weight whose row blocks are the pushed tensors
+    base = torch.randn(40, dtype=torch.bfloat16)
+    named = [("q", fused[0:4]), ("k", fused[4:6]), ("odd", base[1:8]),  # 7 bf16: elements, starting mid-word
+             ("mid", base[1:9]), ("t", fused[:, :4].t()), ("i", torch.arange(6))]  # mid-word words; non-contiguous
+    sums = WordSums(named)
+    assert sums.names == [n for n, _ in named]
+    before = sums()
+    assert before == tensor_sums(named) == {n: _reference(t) for n, t in named}
+    fused[5, 2] += 1.0  # a push into the storage (row 5 is k, and a column the transposed view holds)
+    base[4] = -base[4]  # inside "odd" and "mid" (which the views made once must not have copied)
+    after = sums()
+    assert after == tensor_sums(named) == {n: _reference(t) for n, t in named}
+    assert differing(before, after) == ["k", "mid", "odd", "t"]  # the writes show in the tensors that hold them
+    assert WordSums([])() == {}
