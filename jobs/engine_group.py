@@ -44,6 +44,8 @@ def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]
     from rlsys.memory import GIB, LORA_KEPT, MemoryBudgetError, budget_split, job_estimate
 
     r = cfg.rollout
+    if r.overlap:
+        return 0, "rollout.overlap: the engines sample the next batch while the learner trains"
     if r.keep_awake != "auto":
         return cfg.sleep_level(), f"rollout.keep_awake={str(r.keep_awake).lower()}"
     if r.drop_rollout_state:

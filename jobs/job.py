@@ -239,18 +239,19 @@ class Job:
         return {**stats, "train/skipped_batch": 0.0}
 
     # --- checkpoints (weights; the full resumable state arrives with the reliability work) --
-    def maybe_checkpoint(self, step: int) -> None:
+    def maybe_checkpoint(self, step: int, data_state: dict[str, Any] | None = None) -> None:
         every = self.cfg.checkpoint.save_interval
         if every and step % every == 0 and step < self.cfg.max_steps:
-            self.checkpoint(step)
+            self.checkpoint(step, data_state=data_state)
 
-    def checkpoint(self, step: int, final: bool = False) -> Path:
-        """Learner state + data cursor + step + config, written atomically (rlsys/checkpoint.py)."""
+    def checkpoint(self, step: int, final: bool = False, data_state: dict[str, Any] | None = None) -> Path:
+        """Learner state + data cursor + step + config, written atomically (rlsys/checkpoint.py). ``data_state``:
+        the cursor to save instead of the current one (`rollout.overlap`: from before a rollout sampled ahead)."""
         root = self.cfg.checkpoint_dir()
         tmp = ckpt.new_temp_dir(root, step)
         ray.get(self.learner.save_state.remote(str(tmp)))
         dump_config(self.cfg, tmp / "config.resolved.toml")
-        state = {"step": step, "data": self.data.state_dict(), "seed": self.cfg.seed}
+        state = {"step": step, "data": data_state or self.data.state_dict(), "seed": self.cfg.seed}
         path = ckpt.finalize(tmp, root, step, state, keep=self.cfg.checkpoint.keep)
         if final:
             print(f"rlsys: checkpoint {path}", flush=True)

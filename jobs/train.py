@@ -51,14 +51,21 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
         if cfg.eval.at_start and job.start_step == 0:
             evaluate(job, logger, 0, "start")
         last = job.start_step  # the step count when training stops: `max_steps`, or less in a time box
+        ahead = RolloutAhead(job) if cfg.rollout.overlap else None  # the next step's rollout during this update
         for step in training_steps(job.start_step, cfg.max_steps, startup.t0, cfg.max_train_minutes):
             t0 = time.perf_counter()
             with timer("rollout"):  # batch_size boards; filtered and topped up under algo.dynamic_sampling
-                traj_refs, summaries, groups = job.rollout_until_full(step)
+                traj_refs, summaries, groups = ahead.take(step) if ahead and ahead.has(step) else \
+                    job.rollout_until_full(step)
             with timer("sleep"):
                 engine_stats = job.engines.sleep(level=job.sleep_level)
+            if ahead and step + 1 < cfg.max_steps and not time_is_up(startup.t0, cfg.max_train_minutes):
+                ahead.start(step + 1)  # on the weights of before this update: one step off-policy
             with timer("train"):
                 stats = job.train(traj_refs, summaries)
+            if ahead:
+                with timer("rollout_wait"):  # a push must not land while the engines generate
+                    ahead.wait()
             with timer("sync"):
                 sync = job.weights.push()
             with timer("wake"):
@@ -66,25 +73,29 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
             with timer("canary"):
                 canary = job.weights.check_canary()
             m = {**rollout_metrics(summaries, job.outcome_labels), **groups, **engine_stats, **stats, **sync, **canary,
-                 **timer.pop(), **startup.once()}
+                 **timer.pop(), **startup.once(), **(ahead.metrics(step) if ahead else {})}
             m["time/step"] = time.perf_counter() - t0
-            m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(m["time/rollout"], 1e-9)
+            sampling = m.get("time/rollout_sampling", m["time/rollout"])  # overlapped: its own time, not the wait
+            m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(sampling, 1e-9)
             logger.log(step, m)
             print(console_line(step, cfg.max_steps, m), flush=True)
             for line in failure_lines(summaries):
                 print(line, flush=True)
+            cursor = ahead.cursor() if ahead else None  # a rollout sampled ahead is not in a checkpoint
             if stop.requested:  # SIGTERM (`ray job stop`) or Ctrl-C: keep what was learned, then leave
-                job.checkpoint(step + 1, final=True)
+                job.checkpoint(step + 1, final=True, data_state=cursor)
                 print(f"rlsys: stopped by {stop.requested} after step {step + 1}; resume with --resume auto")
                 return run_dir
-            job.maybe_checkpoint(step + 1)
+            job.maybe_checkpoint(step + 1, data_state=cursor)
             last = step + 1
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.max_steps:
                 evaluate(job, logger, step + 1, f"step{step + 1}")
         if cfg.eval.at_end:
             evaluate(job, logger, last, "end")
-        job.checkpoint(last, final=True)
+        job.checkpoint(last, final=True, data_state=ahead.cursor() if ahead else None)
     finally:
+        if ahead:
+            ahead.close()
         stop.restore()
         logger.close()
         job.shutdown()
@@ -93,11 +104,73 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
     return run_dir
 
 
+def time_is_up(started_at: float, max_minutes: float | None) -> bool:
+    """Whether `max_train_minutes` have passed since ``started_at`` (time.time())."""
+    return max_minutes is not None and time.time() - started_at >= max_minutes * 60
+
+
+class RolloutAhead:
+    """`rollout.overlap`: the next step's rollout phase runs in a thread of the driver while the learner trains on
+    this step's batch, so a step takes about the longer of the two instead of their sum. It samples with the
+    weights of before this step's update: its batch is one update old when the learner trains on it, which the
+    losses' importance weights against the sampling logprobs account for (`algo.logp_mode`). It is waited for
+    before each push (the engines must not generate while their weights change) and before evals and checkpoints;
+    its boards are past the data cursor by then, so checkpoints take the cursor of before it (`cursor`): a resumed
+    job samples that step's boards again."""
+
+    def __init__(self, job) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.job = job
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlsys-rollout-ahead")
+        self._step: int | None = None
+        self._future = None
+        self._cursor: dict | None = None  # the data cursor before the rollout in flight or not yet taken
+        self._sampled_s: dict[int, float] = {}  # step -> seconds its rollout ran (beside the update)
+
+    def start(self, step: int) -> None:
+        self._cursor = self.job.data.state_dict()
+        self._step = step
+        self._future = self._pool.submit(self._timed, step)
+
+    def _timed(self, step: int):
+        t = time.perf_counter()
+        out = self.job.rollout_until_full(step)
+        self._sampled_s[step] = time.perf_counter() - t
+        return out
+
+    def has(self, step: int) -> bool:
+        return self._future is not None and self._step == step
+
+    def wait(self) -> None:
+        """Until the rollout in flight is done; its error, if any, raised here."""
+        if self._future is not None and (error := self._future.exception()) is not None:  # waits for it
+            raise error
+
+    def take(self, step: int):
+        """The rollout sampled ahead for ``step``: (trajectory refs, summaries, group counts)."""
+        future, self._future, self._step, self._cursor = self._future, None, None, None
+        return future.result()
+
+    def cursor(self) -> dict | None:
+        """The data cursor a checkpoint must hold: from before a rollout sampled ahead and not trained on yet."""
+        return self._cursor
+
+    def metrics(self, step: int) -> dict[str, float]:
+        sampled = self._sampled_s.pop(step, None)
+        if sampled is None:
+            return {"rollout/off_policy_steps": 0.0}
+        return {"rollout/off_policy_steps": 1.0, "time/rollout_sampling": sampled}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def training_steps(start: int, max_steps: int, started_at: float, max_minutes: float | None):
     """Step indices from ``start`` to ``max_steps``; with ``max_minutes`` (`max_train_minutes`), none starts once
     that many minutes have passed since ``started_at`` (time.time()), and the stop is said in one line."""
     for step in range(start, max_steps):
-        if max_minutes is not None and time.time() - started_at >= max_minutes * 60:
+        if time_is_up(started_at, max_minutes):
             print(f"rlsys: max_train_minutes={max_minutes:g} reached before step {step}: training stops",
                   flush=True)
             return

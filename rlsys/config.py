@@ -91,6 +91,14 @@ class RolloutConfig(_Section):
     drop_rollout_state: bool = False
     """After rollout, sleep the engine at level 2 (drop weights and KV cache; the push restores them)
     instead of level 1 (offload weights, drop KV cache)."""
+    overlap: bool = False
+    """Sample the next step's batch while the learner trains on this one (one step off-policy, as verl's and
+    AReaL's asynchronous modes): a step takes about the longer of rollout and update instead of their sum. The
+    batch a step trains on was sampled with the weights of before the previous update; the losses weigh it by its
+    sampling logprobs (`algo.logp_mode`). The engines stay awake (sleep level 0: not with `keep_awake = false` or
+    `drop_rollout_state`); each push waits for the rollout in flight. `rollout/off_policy_steps` is 1 on a step
+    whose batch was sampled ahead, `time/rollout_sampling` its rollout's own time (`time/rollout` is then the wait
+    for it). A checkpoint holds the data cursor of before the rollout in flight: a resumed job samples it again."""
     keep_awake: bool | Literal["auto"] = "auto"
     """Skip the engine's sleep between rollout and training (and the wake after the push): vLLM keeps its weights
     and KV cache while the learner trains, and the push writes into the awake weights. On an H200 (0.5B model,
@@ -511,6 +519,9 @@ class Config(_Section):
         if r.keep_awake is True and r.drop_rollout_state:
             raise ValueError("rollout.keep_awake: the engine never sleeps, so rollout.drop_rollout_state (sleep "
                              "level 2) cannot apply; set one of them")
+        if r.overlap and (r.keep_awake is False or r.drop_rollout_state):
+            raise ValueError("rollout.overlap: the engines sample while the learner trains, so they cannot sleep "
+                             "between the two; leave rollout.keep_awake at auto or true and drop_rollout_state off")
         if c.world_size % c.tp_size:
             raise ValueError(f"cluster.tp_size: {c.tp_size} does not divide cluster.world_size {c.world_size}")
         if r.max_new_tokens >= r.max_model_len:
@@ -536,11 +547,11 @@ class Config(_Section):
         return self
 
     def sleep_level(self, awake_fits: bool = False) -> int:
-        """The engines' sleep level between rollout and training: 0 (`rollout.keep_awake`, or `auto` where
-        ``awake_fits``: the driver's memory check, `jobs.engine_group.choose_sleep_level`), 2
+        """The engines' sleep level between rollout and training: 0 (`rollout.keep_awake` or `overlap`, or `auto`
+        where ``awake_fits``: the driver's memory check, `jobs.engine_group.choose_sleep_level`), 2
         (`rollout.drop_rollout_state`) or 1."""
         r = self.rollout
-        if r.keep_awake is True or (r.keep_awake == "auto" and awake_fits and not r.drop_rollout_state):
+        if r.keep_awake is True or r.overlap or (r.keep_awake == "auto" and awake_fits and not r.drop_rollout_state):
             return 0
         return 2 if r.drop_rollout_state else 1
 
