@@ -50,7 +50,7 @@ torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__versio
   tests engine-ipc-ray tests/gpu/test_vllm_engine.py tests/gpu/test_ipc_plumbing.py tests/gpu/test_adam8bit_resume.py \
     "tests/gpu/test_vllm_job.py::test_three_trained_steps_on_the_gpu_with_vllm[ray]"
   tests job-sleep tests/gpu/test_vllm_job.py -k "sleep1 or sleep2"
-  tests job-awake-fp32 tests/gpu/test_vllm_job.py -k "awake or fp32master"
+  tests job-awake-fp32 tests/gpu/test_vllm_job.py -k "awake or fp32master or overlap"
   tests job-faults tests/gpu/test_vllm_job.py -k "push_fails"
   tests lora tests/gpu/test_lora_gpu.py tests/gpu/test_learner_attention.py  # learner.lora: adapter pushes merged into vLLM, 4-bit base, the job; cudnn_attention
   wait

@@ -6,6 +6,7 @@ IPC (count checked), wakes it and runs the canary, which raises if the push went
 `ray`: the same with vLLM's Ray executor (`rollout.executor = "ray"`: the worker is a Ray actor in the job's
 placement group, beside the learner, fed a `PerGpuPayload`), the tensor-parallel path at tp_size 1.
 `fp32master`: fp32 master weights under bf16 autocast against the bf16 engine, with the default canary tolerance.
+`overlap`: `rollout.overlap`, vLLM awake and sampling the next step's batch while the learner trains beside it.
 
 The reward trains (tests/loop's: spread within every group, so every step has advantages and a gradient), and
 after every push the engine's logprobs on the canary's fixed sequence must have moved from the previous push's
@@ -56,19 +57,20 @@ def gpu_job_config(tmp_path, gpu_tiny_path, *overrides: str, **flags):
         "rollout.kv_cache_gib=1"])
 
 
-@pytest.mark.parametrize("drop_rollout_state, executor, keep_awake, fp32_master", [
-    (False, "auto", "false", False), (True, "auto", "auto", False), (False, "ray", "auto", False),
-    (False, "auto", "auto", False), (False, "auto", "auto", True)],
-    ids=["sleep1", "sleep2", "ray", "awake", "fp32master"])
+@pytest.mark.parametrize("drop_rollout_state, executor, keep_awake, fp32_master, overlap", [
+    (False, "auto", "false", False, False), (True, "auto", "auto", False, False), (False, "ray", "auto", False, False),
+    (False, "auto", "auto", False, False), (False, "auto", "auto", True, False), (False, "auto", "auto", False, True)],
+    ids=["sleep1", "sleep2", "ray", "awake", "fp32master", "overlap"])
 def test_three_trained_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_path, drop_rollout_state, executor,
-                                                  keep_awake, fp32_master, capfd):
+                                                  keep_awake, fp32_master, overlap, capfd):
     from jobs.placement import canary_tolerance
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
 
     flags = {"--drop-rollout-state": True} if drop_rollout_state else {}
     cfg = gpu_job_config(tmp_path, gpu_tiny_path, f"rollout.executor={executor}", f"rollout.keep_awake={keep_awake}",
-                         f"learner.fp32_master={str(fp32_master).lower()}", **flags)
+                         f"learner.fp32_master={str(fp32_master).lower()}",
+                         f"rollout.overlap={str(overlap).lower()}", **flags)
     tol = canary_tolerance(cfg.model, cfg.learner, gpu=True)  # the default the job runs with (sync.canary_tol unset)
     run_dir = run_training(cfg)
     out = capfd.readouterr().out
@@ -82,10 +84,10 @@ def test_three_trained_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_pa
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     tag = ("ray" if executor == "ray" else "sleep2" if drop_rollout_state else "sleep1" if keep_awake == "false"
-           else "fp32master" if fp32_master else "awake")
+           else "fp32master" if fp32_master else "overlap" if overlap else "awake")
     for r in rows:
         for key in ("sync/canary_logp_diff", "sync/canary_engine_shift", "train/logp_diff_mean", "train/grad_norm",
-                    "time/canary",
+                    "time/canary", "time/rollout_sampling", "time/rollout_wait",
                     "rollout/rewards_std", "time/sync", "time/sleep", "time/wake", "time/rollout", "time/train",
                     "perf/tokens_per_s"):
             if key in r and math.isfinite(r[key]):
@@ -100,8 +102,13 @@ def test_three_trained_steps_on_the_gpu_with_vllm(ray_gpu, tmp_path, gpu_tiny_pa
         assert shift > max(MIN_SHIFT, r["sync/canary_logp_diff"]), (r["step"], shift, r["sync/canary_logp_diff"])
         # and its bits are the learner's: the copy plan of the first push lets the engine fingerprint every push
         assert r.get("sync/fingerprinted") == 1.0, (r["step"], r.get("sync/fingerprinted"))
-    # the stale-weights alarm: vLLM's sampling logprobs vs the learner's recomputation
-    assert all(r.get("train/logp_diff_mean", 0.0) < 0.05 for r in rows), [r.get("train/logp_diff_mean") for r in rows]
+    # the stale-weights alarm: vLLM's sampling logprobs vs the learner's recomputation; with rollout.overlap from the
+    # second step on the batch was sampled one update earlier (vLLM generating beside the learner, awake)
+    on_policy = rows[:1] if overlap else rows
+    assert all(r.get("train/logp_diff_mean", 0.0) < 0.05 for r in on_policy), \
+        [r.get("train/logp_diff_mean") for r in rows]
+    if overlap:
+        assert [r["rollout/off_policy_steps"] for r in rows] == [0.0, 1.0, 1.0]
     assert (run_dir / "checkpoints" / "step_000003" / "model.safetensors").is_file()
 
 

@@ -85,6 +85,8 @@ def test_env_flag_picks_the_environment_by_name():
         ({"overrides": ["learner.lr"]}, "expected KEY=VALUE"),
         ({"overrides": ["learner=3", "learner.lr=1"]}, "learner: is a value"),
         ({"flags": {"--keep-awake": True, "--drop-rollout-state": True}}, "rollout.keep_awake: the engine never sleeps"),
+        ({"overrides": ["rollout.overlap=true", "rollout.keep_awake=false"]}, "rollout.overlap: the engines sample"),
+        ({"flags": {"--drop-rollout-state": True}, "overrides": ["rollout.overlap=true"]}, "rollout.overlap: the"),
     ],
 )
 def test_errors_name_the_field(kwargs, expected):
@@ -101,6 +103,7 @@ def test_sleep_level_and_executor_follow_the_rollout_settings():
     assert load_config().rollout.keep_awake == "auto" and load_config().sleep_level(awake_fits=True) == 0
     assert load_config(flags={"--drop-rollout-state": True}).sleep_level(awake_fits=True) == 2
     assert load_config(overrides=["rollout.keep_awake=false"]).sleep_level(awake_fits=True) == 1
+    assert load_config(overrides=["rollout.overlap=true"]).sleep_level() == 0  # it samples while the learner trains
     assert load_config(flags={"--world-size": "2", "--tp-size": "2"}).vllm_ray_executor()
     assert load_config(overrides=["rollout.executor=ray"]).vllm_ray_executor()
 

@@ -293,3 +293,5 @@ def test_keep_awake_auto_stays_awake_only_where_vllm_and_the_learner_fit_side_by
     assert choose_sleep_level(cfg(**{"--drop-rollout-state": True}), str(qwen15b_folder), gpu(140))[0] == 2
     assert choose_sleep_level(cfg("rollout.keep_awake=false"), str(qwen15b_folder), gpu(140))[0] == 1
     assert choose_sleep_level(cfg(**{"--keep-awake": True}), str(qwen15b_folder), gpu(24))[0] == 0
+    level, why = choose_sleep_level(cfg("rollout.overlap=true"), str(qwen15b_folder), gpu(24))
+    assert level == 0 and why.startswith("rollout.overlap")  # awake whatever the estimate: it samples meanwhile
