@@ -22,11 +22,12 @@ def with_variants(items: list[dict[str, Any]], variants: list[str],
 
 
 def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: list[dict[str, Any]], n: int,
-                 submit, progress: bool = False, desc: str = "rollout",
-                 first_group: int = 0) -> tuple[list[Any], list[TrajectorySummary]]:
+                 submit, progress: bool = False, desc: str = "rollout", first_group: int = 0,
+                 generates: bool = True) -> tuple[list[Any], list[TrajectorySummary]]:
     """``n`` episodes of every item on the env workers: ``submit(worker, proxy, item, group, sample)`` returns
     the (trajectory, summary) refs of one; item i is group ``first_group + i``. Returns the trajectory refs and
-    the summaries, in item-major order.
+    the summaries, in item-major order. ``generates``: the episodes call the engines (False: SFT examples, which
+    are rendered, not sampled, so no wave is announced).
 
     Engines take episodes in turn (all are submitted at once, so turn order = least loaded), each on an env
     worker on its engine's node (worker i serves engine i mod E). An episode whose worker died twice comes
@@ -36,9 +37,9 @@ def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: l
     local_workers = [env_workers[e::engines] for e in range(engines)]
     # each engine hears how many episodes (first requests) come its way, before they do: the CPU engine batches
     # them together instead of starting on the first few (`Engine.expect`); vLLM ignores it
-    total = len(items) * n
+    total = len(items) * n if generates else 0
     ray.get([p["actor"].expect.remote(total // engines + (e < total % engines))
-             for e, p in enumerate(proxies) if p.get("actor") is not None])
+             for e, p in enumerate(proxies) if p.get("actor") is not None and generates])
     k = 0
     for g, item in enumerate(items, first_group):
         for s in range(n):

@@ -184,7 +184,7 @@ class Job:
         For `--algo sft` an episode is an SFT chat rendered by the model's template, not an agent run."""
         if self.cfg.algo.name == "sft":
             return self._episodes(items, 1, lambda w, p, item, g, s: w.sft_example.options(num_returns=2).remote(
-                item, g, s, self.model_path), first_group)
+                item, g, s, self.model_path), first_group, generates=False)
         return self._episodes(items, self.cfg.rollout.n_samples, lambda w, p, item, g, s: w.run_episode.options(
             num_returns=2).remote(p, item, g, s, f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"), first_group)
 
@@ -212,10 +212,10 @@ class Job:
             metrics.update(result.flat("eval/" if v == DEFAULT_VARIANT else f"eval/{v}/"))
         return metrics
 
-    def _episodes(self, items: list[dict[str, Any]], n: int, submit,
-                  first_group: int = 0) -> tuple[list[Any], list[TrajectorySummary]]:
+    def _episodes(self, items: list[dict[str, Any]], n: int, submit, first_group: int = 0,
+                  generates: bool = True) -> tuple[list[Any], list[TrajectorySummary]]:
         return run_episodes(self.env_workers, self.proxies, items, n, submit, progress=self.cfg.logging.progress,
-                            first_group=first_group)
+                            first_group=first_group, generates=generates)
 
     def train(self, traj_refs: list[Any], summaries: list[TrajectorySummary]) -> dict[str, float]:
         """One update on ``traj_refs``; ``summaries`` (of every trajectory sampled) decide a skip for failures. No

@@ -530,6 +530,23 @@ def test_an_announced_wave_is_one_batch_whatever_its_gaps_and_a_short_one_is_giv
     asyncio.run(engine.shutdown())
 
 
+def test_a_score_does_not_wait_for_an_announced_wave(model_path):
+    """The canary's score runs at once even while a wave of generate requests is announced and has not come (an SFT
+    step announces none now, but an agent may send fewer requests than announced): it used to wait
+    `expect_wait_max_s` for the wave, 1 s of each SFT step of the CPU recipe."""
+    engine = TransformersEngine(str(model_path), batch_wait_s=0.02, batch_wait_max_s=0.05, expect_wait_max_s=60.0)
+    prompt, continuation = PROMPTS[0][:6], PROMPTS[0][6:10]
+
+    async def scored():
+        engine.expect(8)
+        return await asyncio.wait_for(engine.score(prompt, continuation), timeout=20)  # far below the 60 s wait
+
+    lp = asyncio.run(scored())
+    assert len(lp) == len(continuation) and all(v <= 0.0 for v in lp)
+    assert engine._expected == 8  # the wave is still announced for the generate requests that come
+    asyncio.run(engine.shutdown())
+
+
 def test_growing_cache_keeps_what_dynamic_cache_keeps(model_path):
     from transformers import AutoConfig, DynamicCache
 
