@@ -347,7 +347,7 @@ class Learner:
         sums: dict[str, float] = {}
         counts: dict[str, float] = {}
         loss_sum = 0.0
-        for k, micro in enumerate(self._micro_batches(active)):
+        for index, micro in enumerate(self._micro_batches(active)):
             self._micro += 1
             batch = _collate(micro, self.pad_id, self.device)
             self._padding[0] += batch["input_ids"].numel() - sum(len(r.segment.input_ids) for r in micro)
@@ -381,7 +381,7 @@ class Learner:
                 reg, reg_m = regularizer_loss(mask, self._reg, entropy=entropy, logp_new=logp_new, logp_ref=logp_ref,
                                               normalizer=tokens)
                 loss, m = loss + reg, {**m, **reg_m}
-                if first and k == 0:
+                if first and index == 0:
                     with torch.no_grad():
                         diff = (rollout_lp - logp_new).abs()
                         m["train/logp_diff_mean"] = float((diff * mask).sum() / mask.sum().clamp(min=1))

@@ -1,6 +1,7 @@
 """The training driver: `python -m jobs.train --config FILE` (what `ray job submit` runs) or `rlsys train`.
 
-The loop reads like the algorithm: rollout, sleep, train, push weights, wake, log. Everything
+The loop reads like the algorithm: rollout, sleep, train, push weights, wake, log (with `rollout.overlap`, the
+next step's rollout starts before the update and is waited for before the push: `RolloutAhead`). Everything
 else lives in functions below it or in jobs/job.py. The driver passes ObjectRefs and never pulls
 trajectories into its own process: it sees per-trajectory summaries (scalars) only.
 """
@@ -163,7 +164,8 @@ class RolloutAhead:
         return {"rollout/off_policy_steps": 1.0, "time/rollout_sampling": sampled}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Without waiting: a rollout still in flight (the update failed meanwhile) ends when the job's actors go."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def training_steps(start: int, max_steps: int, started_at: float, max_minutes: float | None):
