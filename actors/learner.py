@@ -725,7 +725,7 @@ def micro_batches(rows: Sequence[_Row], mini_bs: int, token_budget: int | None =
     longest = 0
     for r in rows:
         n = len(r.segment.input_ids)
-        if out and out[-1] and (len(out[-1]) + 1) * max(longest, n) <= token_budget:
+        if out and (len(out[-1]) + 1) * max(longest, n) <= token_budget:
             out[-1].append(r)
             longest = max(longest, n)
         else:

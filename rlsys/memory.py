@@ -7,7 +7,8 @@ the budget: the learner's torch allocator is capped with `torch.cuda.set_per_pro
 `gpu_memory_utilization` is sized from the remainder (actors/learner.py, actors/rollout.py).
 
 What is counted (bytes; P = parameters, d = bytes of the weights' dtype, T = tokens of one micro-batch =
-`learner.mini_bs` x sequence length, or `learner.micro_batch_tokens`, V = vocabulary, h = hidden, i = intermediate, L = layers):
+`learner.mini_bs` x sequence length, or `learner.micro_batch_tokens`, V = vocabulary, h = hidden, i = intermediate,
+L = layers):
 - learner: weights P*w and gradients P*w (w = d, or 4 with `learner.fp32_master`), optimizer states (8-bit Adam:
   2 bytes/param; torch AdamW: two states in the parameters' dtype, 2*P*w, i.e. 8 bytes/param in float32), the
   weight-push buffers P*d (the packer keeps a packed copy of every parameter, in the engine's dtype, for reuse,
