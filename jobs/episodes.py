@@ -37,9 +37,10 @@ def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: l
     local_workers = [env_workers[e::engines] for e in range(engines)]
     # each engine hears how many episodes (first requests) come its way, before they do: the CPU engine batches
     # them together instead of starting on the first few (`Engine.expect`); vLLM ignores it
-    total = len(items) * n if generates else 0
-    ray.get([p["actor"].expect.remote(total // engines + (e < total % engines))
-             for e, p in enumerate(proxies) if p.get("actor") is not None and generates])
+    total = len(items) * n
+    if generates:
+        ray.get([p["actor"].expect.remote(total // engines + (e < total % engines))
+                 for e, p in enumerate(proxies) if p.get("actor") is not None])
     k = 0
     for g, item in enumerate(items, first_group):
         for s in range(n):

@@ -74,7 +74,7 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
             with timer("canary"):
                 canary = job.weights.check_canary()
             m = {**rollout_metrics(summaries, job.outcome_labels), **groups, **engine_stats, **stats, **sync, **canary,
-                 **timer.pop(), **startup.once(), **(ahead.metrics(step) if ahead else {})}
+                 **timer.pop(), **startup.once(), **(ahead.metrics() if ahead else {})}
             m["time/step"] = time.perf_counter() - t0
             sampling = m.get("time/rollout_sampling", m["time/rollout"])  # overlapped: its own time, not the wait
             m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(sampling, 1e-9)
@@ -127,7 +127,7 @@ class RolloutAhead:
         self._step: int | None = None
         self._future = None
         self._cursor: dict | None = None  # the data cursor before the rollout in flight or not yet taken
-        self._sampled_s: dict[int, float] = {}  # step -> seconds its rollout ran (beside the update)
+        self._taken_s: float | None = None  # seconds the rollout of the step being trained ran (beside an update)
 
     def start(self, step: int) -> None:
         self._cursor = self.job.data.state_dict()
@@ -136,9 +136,7 @@ class RolloutAhead:
 
     def _timed(self, step: int):
         t = time.perf_counter()
-        out = self.job.rollout_until_full(step)
-        self._sampled_s[step] = time.perf_counter() - t
-        return out
+        return self.job.rollout_until_full(step), time.perf_counter() - t
 
     def has(self, step: int) -> bool:
         return self._future is not None and self._step == step
@@ -151,14 +149,16 @@ class RolloutAhead:
     def take(self, step: int):
         """The rollout sampled ahead for ``step``: (trajectory refs, summaries, group counts)."""
         future, self._future, self._step, self._cursor = self._future, None, None, None
-        return future.result()
+        out, self._taken_s = future.result()
+        return out
 
     def cursor(self) -> dict | None:
         """The data cursor a checkpoint must hold: from before a rollout sampled ahead and not trained on yet."""
         return self._cursor
 
-    def metrics(self, step: int) -> dict[str, float]:
-        sampled = self._sampled_s.pop(step, None)
+    def metrics(self) -> dict[str, float]:
+        """This step's: whether its batch was sampled ahead, and then how long its rollout ran."""
+        sampled, self._taken_s = self._taken_s, None
         if sampled is None:
             return {"rollout/off_policy_steps": 0.0}
         return {"rollout/off_policy_steps": 1.0, "time/rollout_sampling": sampled}

@@ -32,7 +32,7 @@ _MASK = (1 << 32) - 1
 def _integers(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes as a flat integer tensor: 32-bit words when its size is a multiple of 4 bytes, else its
     elements' bit patterns (what both sides of a push agree on: the choice depends on the size alone). A view of
-    the tensor's storage unless `_copied`."""
+    the tensor's storage, except for a non-contiguous tensor or 32-bit words starting mid-word (a copy)."""
     t = tensor.detach().reshape(-1)
     nbytes = t.numel() * t.element_size()
     if nbytes % _WORD:
@@ -40,15 +40,6 @@ def _integers(tensor: torch.Tensor) -> torch.Tensor:
     if (t.storage_offset() * t.element_size()) % _WORD:  # a view starting mid-word: `view` needs whole words
         t = t.clone()
     return t.view(torch.uint8).view(torch.int32)
-
-
-def _copied(tensor: torch.Tensor) -> bool:
-    """Whether `_integers` of ``tensor`` is a copy, not a view of its storage: a non-contiguous tensor (`reshape`
-    copies it), or 32-bit words of one that starts mid-word."""
-    if not tensor.is_contiguous():
-        return True
-    words = (tensor.numel() * tensor.element_size()) % _WORD == 0
-    return words and (tensor.storage_offset() * tensor.element_size()) % _WORD != 0
 
 
 def _to_host(parts: list[tuple[list[str], torch.Tensor]]) -> dict[str, int]:
@@ -76,18 +67,17 @@ class WordSums:
 
     def __init__(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.names: list[str] = []
-        self._words: list[torch.Tensor] = []  # a view of the storage, or the tensor itself where a view cannot be
-        self._later: list[bool] = []  # the tensor itself: `_integers` at each call (a copy taken then)
+        self._parts: list[tuple[torch.Tensor, bool]] = []  # (integer view, True) or (the tensor itself, False)
         for name, tensor in named:
-            later = _copied(tensor)
+            words = _integers(tensor)
+            view = words.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
             self.names.append(name)
-            self._words.append(tensor if later else _integers(tensor))
-            self._later.append(later)
+            self._parts.append((words, True) if view else (tensor, False))  # a copy is taken again at each call
 
     def __call__(self) -> dict[str, int]:
         if not self.names:
             return {}
-        sums = [(_integers(w) if later else w).sum(dtype=torch.int32) for w, later in zip(self._words, self._later)]
+        sums = [(w if view else _integers(w)).sum(dtype=torch.int32) for w, view in self._parts]
         return _to_host([(self.names, torch.stack(sums))])
 
 
