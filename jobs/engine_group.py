@@ -40,34 +40,45 @@ AWAKE_DEVICE_SHARE = 0.9  # `rollout.keep_awake = auto`: vLLM's share + the lear
 def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]) -> tuple[int, str]:
     """The engines' sleep level between rollout and training and why: `rollout.keep_awake` as set, or for `auto`
     awake (0) when every engine is on a GPU and vLLM's share plus the learner's estimated peak fit within
-    AWAKE_DEVICE_SHARE of the device (always true under `rollout.gpu_memory_budget_gib`, which caps both)."""
-    from rlsys.memory import GIB, LORA_KEPT, MemoryBudgetError, budget_split, job_estimate
-
+    AWAKE_DEVICE_SHARE of the device (always true under `rollout.gpu_memory_budget_gib`, which caps both).
+    Awake by request (`keep_awake = true`, `overlap`) where the estimate says they do not fit: awake all the same,
+    and the reason says so (the job may then run out of GPU memory at its first update)."""
     r = cfg.rollout
-    if r.overlap:
-        return 0, "rollout.overlap: the engines sample the next batch while the learner trains"
+    if r.overlap or r.keep_awake is True:
+        asked = ("rollout.overlap: the engines sample the next batch while the learner trains" if r.overlap
+                 else "rollout.keep_awake=true")
+        fits, estimate = _awake_fits(cfg, model_path, infos)
+        if fits is False:
+            return 0, (f"{asked}; WARNING {estimate}: the first update may run out of GPU memory (lower "
+                       "rollout.gpu_memory_utilization or kv_cache_gib, or set a gpu_memory_budget_gib)")
+        return 0, asked
     if r.keep_awake != "auto":
         return cfg.sleep_level(), f"rollout.keep_awake={str(r.keep_awake).lower()}"
     if r.drop_rollout_state:
         return cfg.sleep_level(), "rollout.drop_rollout_state"
+    fits, estimate = _awake_fits(cfg, model_path, infos)
+    return cfg.sleep_level(awake_fits=bool(fits)), f"keep_awake auto: {estimate}"
+
+
+def _awake_fits(cfg: Config, model_path: str, infos: list[dict[str, Any]]) -> tuple[bool | None, str]:
+    """Whether vLLM's share and the learner's estimated peak fit side by side (None: unknown), and the figures."""
+    from rlsys.memory import GIB, LORA_KEPT, MemoryBudgetError, budget_split, job_estimate
+
+    r = cfg.rollout
     if not all(i.get("on_gpu") and i.get("device_bytes") and i.get("engine_bytes") for i in infos):
-        return cfg.sleep_level(), "keep_awake auto: engines not on a GPU"
+        return None, "engines not on a GPU"
     device = min(i["device_bytes"] for i in infos)
     engine = max(i["engine_bytes"] for i in infos)  # what each engine was given (actors/rollout.py)
     try:
-        split = budget_split(cfg, model_path)
-        if split is not None:
-            return cfg.sleep_level(awake_fits=True), (
-                f"keep_awake auto: the {r.gpu_memory_budget_gib:g} GiB budget caps vLLM and the learner side by side")
+        if budget_split(cfg, model_path) is not None:
+            return True, f"the {r.gpu_memory_budget_gib:g} GiB budget caps vLLM and the learner side by side"
         estimate = job_estimate(cfg, model_path)
         # learner.lora: the engine process also holds the targets' kept base copy, beside vLLM's share
         learner, kept = estimate.learner_bytes, estimate.engine.get(LORA_KEPT, 0)
     except (MemoryBudgetError, OSError, KeyError, ValueError) as err:  # no estimate for this model: play safe
         first = str(err).splitlines()[0] if str(err) else ""
-        return cfg.sleep_level(), f"keep_awake auto: no memory estimate ({type(err).__name__}: {first})"
-    need = learner + engine + kept
-    fits = need <= AWAKE_DEVICE_SHARE * device
+        return None, f"no memory estimate ({type(err).__name__}: {first})"
+    fits = learner + engine + kept <= AWAKE_DEVICE_SHARE * device
     lora = f" + LoRA's kept base copy {kept / GIB:.1f} GiB" if kept else ""
-    return cfg.sleep_level(awake_fits=fits), (
-        f"keep_awake auto: vLLM {engine / GIB:.1f} GiB{lora} + learner ~{learner / GIB:.1f} GiB estimated "
-        f"{'within' if fits else 'over'} {AWAKE_DEVICE_SHARE:.0%} of {device / GIB:.1f} GiB")
+    return fits, (f"vLLM {engine / GIB:.1f} GiB{lora} + learner ~{learner / GIB:.1f} GiB estimated "
+                  f"{'within' if fits else 'over'} {AWAKE_DEVICE_SHARE:.0%} of {device / GIB:.1f} GiB")

@@ -292,6 +292,9 @@ def test_keep_awake_auto_stays_awake_only_where_vllm_and_the_learner_fit_side_by
         1, "keep_awake auto: engines not on a GPU")
     assert choose_sleep_level(cfg(**{"--drop-rollout-state": True}), str(qwen15b_folder), gpu(140))[0] == 2
     assert choose_sleep_level(cfg("rollout.keep_awake=false"), str(qwen15b_folder), gpu(140))[0] == 1
-    assert choose_sleep_level(cfg(**{"--keep-awake": True}), str(qwen15b_folder), gpu(24))[0] == 0
+    level, why = choose_sleep_level(cfg(**{"--keep-awake": True}), str(qwen15b_folder), gpu(24))
+    assert level == 0 and "WARNING" in why and "over 90%" in why  # awake as asked, but told it may not fit
     level, why = choose_sleep_level(cfg("rollout.overlap=true"), str(qwen15b_folder), gpu(24))
-    assert level == 0 and why.startswith("rollout.overlap")  # awake whatever the estimate: it samples meanwhile
+    assert level == 0 and why.startswith("rollout.overlap") and "WARNING" in why  # it samples meanwhile
+    level, why = choose_sleep_level(cfg("rollout.overlap=true"), str(qwen15b_folder), gpu(140))
+    assert level == 0 and "WARNING" not in why
