@@ -156,13 +156,14 @@ def browser(tmp_path_factory):
 
 
 def wait_idle(driver, timeout_s: float = 90.0) -> str:
-    """Wait until the page is not waiting for X; returns the game status (body[data-status])."""
-    from selenium.webdriver.common.by import By
+    """Wait until the page is not waiting for X; returns the game status (body[data-status]). Status and busy flag
+    are read in one script: read one call apart, a response landing between them paired the status of before it
+    ("your_turn") with the busy flag of after it (a game X had just won, seen as O's turn with no hints)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     def idle(d):
-        status = d.find_element(By.TAG_NAME, "body").get_attribute("data-status")
-        busy = d.find_element(By.ID, "board").get_attribute("data-busy")
+        status, busy = d.execute_script(
+            "return [document.body.dataset.status, document.getElementById('board').dataset.busy];")
         return status if busy == "false" and status not in ("loading", "model_turn") else False
 
     return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(idle)
