@@ -336,25 +336,41 @@ COMPARED = (("rollout/rewards_mean", "rollout reward"), ("rollout/zero_var_group
             ("train/entropy", "token entropy"))
 
 
-def write_comparison_plot(runs: list[Run], path: str | Path, smooth: int = 10) -> Path:
-    """One PNG of several runs: reward, zero-variance group fraction (before dynamic sampling's filter) and token
-    entropy against the step, each a ``smooth``-step moving average, one line per run; runs whose names share the
-    part before their last digits (lora0, lora1) share a colour."""
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def line_styles(names: list[str]) -> list[tuple[str, str]]:
+    """(colour, line style) of each run's line: runs whose names share the part before their last digits (lora0,
+    lora1: seeds of one variant) share a colour and differ in style; runs of one variant only (gsm0, gsm1, gsm2)
+    get a colour each."""
     import re
 
+    variant = [re.sub(r"[-_]?(seed)?\d+$", "", n) or n for n in names]  # lora0 -> lora
+    if len(set(variant)) == 1:
+        return [(f"C{i}", "-") for i in range(len(names))]
+    colour = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(variant))}
+    seen: dict[str, int] = {}
+    out = []
+    for v in variant:
+        seen[v] = seen.get(v, -1) + 1
+        out.append((colour[v], LINE_STYLES[seen[v] % len(LINE_STYLES)]))
+    return out
+
+
+def write_comparison_plot(runs: list[Run], path: str | Path, smooth: int = 10) -> Path:
+    """One PNG of several runs: reward, zero-variance group fraction (before dynamic sampling's filter) and token
+    entropy against the step, each a ``smooth``-step moving average, one line per run (`line_styles`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    variant = [re.sub(r"[-_]?(seed)?\d+$", "", r.path.name) or r.path.name for r in runs]  # lora0 -> lora
-    colour = {v: f"C{i}" for i, v in enumerate(dict.fromkeys(variant))}
     fig, axes = plt.subplots(len(COMPARED), 1, figsize=(7, 2.4 * len(COMPARED)), sharex=True)
-    for run, v in zip(runs, variant):
+    for run, (colour, style) in zip(runs, line_styles([r.path.name for r in runs])):
         for ax, (key, _) in zip(axes, COMPARED):
             steps, values = run.series(key)
             if steps:
-                ax.plot(steps, moving_mean(values, smooth), color=colour[v], lw=1.2, label=run.path.name)
+                ax.plot(steps, moving_mean(values, smooth), color=colour, ls=style, lw=1.2, label=run.path.name)
     for ax, (_, what) in zip(axes, COMPARED):
         ax.set(ylabel=what)
         ax.grid(alpha=0.3)

@@ -186,3 +186,11 @@ def test_plot_of_several_runs_is_one_png_and_refused_for_one(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # argparse's refusal: one run's plots have their own place
         main([str(a), "--plot", str(png)])
     assert exit_info.value.code == 2 and "--plot compares several runs" in capsys.readouterr().err
+
+
+def test_line_styles_tell_seeds_apart_by_colour_alone_or_by_style_within_a_variant():
+    from rlsys.report import line_styles
+
+    assert line_styles(["gsm0", "gsm1", "gsm2"]) == [("C0", "-"), ("C1", "-"), ("C2", "-")]
+    assert line_styles(["lora0", "full0", "lora1", "full_seed1", "lora2"]) == [
+        ("C0", "-"), ("C1", "-"), ("C0", "--"), ("C1", "--"), ("C0", ":")]
