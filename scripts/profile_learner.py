@@ -22,6 +22,7 @@ VARIANTS = {
     "recipe": [],
     "no-sharing": ["learner.prefix_sharing=false"],
     "mbs16": ["learner.mini_bs=16"],
+    "tok16k": ["learner.micro_batch_tokens=16384"],
     "full": ["learner.lora.enabled=false", "learner.lr=5e-6"],
 }
 

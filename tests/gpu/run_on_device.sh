@@ -5,7 +5,8 @@
 # Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-v1, startup-fulldecode,
 # bench-step-fulldecode, machine,
 # startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
-# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b, bench-learner, bench-learner-micro, fingerprint,
+# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b, bench-learner, bench-learner-micro, profile-learner,
+# fingerprint,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
 set -u
@@ -99,6 +100,10 @@ step bench-learner-micro ${BENCH_LEARNER_S:-420} python3 -m jobs.bench learner -
   --steps 5 --variant mbs4=learner.mini_bs=4 --variant mbs8=learner.mini_bs=8 \
   --variant tok8k=learner.micro_batch_tokens=8192 --variant tok16k=learner.micro_batch_tokens=16384 \
   --out "$out/bench-learner-micro.json"
+# where a micro-batch's ~0.36 s goes (the GPU's arithmetic for 4 rows of ~900 tokens is ~30-70 ms): the recipe under
+# torch.profiler, its top operators by CUDA and CPU time, beside no prefix sharing, 16 rows and a 16k-position budget
+step profile-learner ${PROFILE_S:-420} python3 scripts/profile_learner.py --out "$out/profile-learner" \
+  --variants recipe,no-sharing,mbs16,tok16k
 # the weight fingerprint's reductions, the first way and rlsys's (issue 24, item 4)
 step fingerprint ${FINGERPRINT_S:-120} python3 scripts/fingerprint_bench.py --repeats 30 --out "$out/fingerprint.json"
 # the weight push of a 1.5B model (goal < 10 ms/GiB)
