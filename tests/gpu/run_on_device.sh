@@ -94,11 +94,14 @@ step bench-proxy ${BENCH_PROXY_S:-300} python3 -m jobs.bench proxy $TTT --model 
 # the rows of a prompt sorted by length against their sampled order (issue 24, item 3)
 step bench-learner ${BENCH_LEARNER_S:-300} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH --steps 5 \
   --out "$out/bench-learner.json"
-# the learner's micro-batches by count and by padded tokens (learner.micro_batch_tokens): is a micro-batch's fixed cost
-# what bounds it? (the two row orders above trained at the same speed on the H200 though one ran 13% fewer positions)
+# the learner's micro-batches by count and by padded tokens (learner.micro_batch_tokens), with and without prefix
+# sharing (two passes through the layers a micro-batch: scripts/learner_dispatch_probe.py): is the host what bounds
+# it? (the two row orders above trained at the same speed on the H200 though one ran 13% fewer positions)
 step bench-learner-micro ${BENCH_LEARNER_S:-420} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH \
   --steps 5 --variant mbs4=learner.mini_bs=4 --variant mbs8=learner.mini_bs=8 \
   --variant tok8k=learner.micro_batch_tokens=8192 --variant tok16k=learner.micro_batch_tokens=16384 \
+  --variant nosharing=learner.prefix_sharing=false \
+  --variant nosharing-tok16k=learner.prefix_sharing=false,learner.micro_batch_tokens=16384 \
   --out "$out/bench-learner-micro.json"
 # where a micro-batch's ~0.36 s goes (the GPU's arithmetic for 4 rows of ~900 tokens is ~30-70 ms): the recipe under
 # torch.profiler, its top operators by CUDA and CPU time, beside no prefix sharing, 16 rows and a 16k-position budget
