@@ -346,7 +346,9 @@ class LearnerConfig(_Section):
     prefix_sharing: bool = True
     """GSPO/GRPO: run the prompt that the samples of a micro-batch share forward once and their answers on its KV
     cache (`rlsys/prefix.py`; same logprobs and gradients, ~6x fewer tokens on tic-tac-toe). Sequences whose
-    prompt no other one has, SFT, and models under gradient checkpointing take the plain full-sequence forward."""
+    prompt no other one has, SFT, and models under gradient checkpointing take the plain full-sequence forward.
+    It costs two passes through the layers a micro-batch instead of one: where the learner is bound by its host
+    rather than its arithmetic, that cost can outweigh the tokens saved (`scripts/learner_dispatch_probe.py`)."""
     length_order: bool = True
     """Within the rows of one prompt, shorter first before they are cut into micro-batches of `mini_bs` (the
     prompts' order and the gradients stay the same): a micro-batch is as long as its longest row, so short answers
