@@ -202,6 +202,20 @@ def peft_config(cfg):
                       target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
 
 
+
+def boards_dataset(rows: list[dict]):
+    """The rows as a `datasets.Dataset` with a fingerprint of their JSON. `Dataset.from_list` fingerprints a new
+    table by pickling it with dill, which with datasets 5.2.0 fails on every pyarrow 24-26 here ("Can't pickle
+    <class 'MonthDayNano'>", 2026-12-04; it had passed on 2026-12-02): the fingerprint only names caches."""
+    import hashlib
+
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+    return Dataset(InMemoryTable(pa.Table.from_pylist(rows)), fingerprint=f"rlsys-boards-{digest}")
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="Hugging Face folder (the GGUF converted by rlsys)")
@@ -213,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
-    from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
@@ -227,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     reward_fn, memory = TicTacToeReward(tokenizer), DeviceMemoryPeak()
     trainer = GRPOTrainer(model=args.model, reward_funcs=reward_fn, processing_class=tokenizer,
                           args=grpo_config(cfg, args.out, steps, args.cpu_smoke, args.vllm_memory),
-                          train_dataset=Dataset.from_list(rows), callbacks=[step_logger(args.out, reward_fn, memory)],
+                          train_dataset=boards_dataset(rows), callbacks=[step_logger(args.out, reward_fn, memory)],
                           peft_config=peft_config(cfg))
     t_train = time.time()
     trainer.train()
