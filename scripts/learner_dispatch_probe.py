@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -77,23 +76,6 @@ def bare(folder: Path, repeats: int) -> dict:
     return {"variant": "bare", "per_micro_ms": round(per_step * 1e3, 1), "aten_calls": calls}
 
 
-def trajectories(vocab: int, groups: int = 8, samples: int = 8, prompt_len: int = 12) -> list:
-    from rlsys.types import Segment, Trajectory
-
-    rng = random.Random(0)
-    ids = lambda n: [rng.randrange(3, vocab) for _ in range(n)]  # noqa: E731
-    out = []
-    for g in range(groups):
-        prompt = ids(prompt_len)
-        for s in range(samples):
-            first, tool, second = rng.randint(4, 10), 3, rng.randint(3, 8)
-            mask = [0] * prompt_len + [1] * first + [0] * tool + [1] * second
-            seg = Segment(prompt + ids(first + tool + second), mask, [-1.0 if m else 0.0 for m in mask])
-            out.append(Trajectory(item_id=f"p{g}", group=g, sample=s, segments=[seg], reward=float(s % 2),
-                                  num_turns=2))
-    return out
-
-
 def learner_variant(name: str, folder: Path, repeats: int) -> dict:
     from actors.learner import Learner
     from jobs.placement import learner_settings
@@ -102,7 +84,9 @@ def learner_variant(name: str, folder: Path, repeats: int) -> dict:
     cfg = load_config("configs/gsm-qwen0.5b.toml", overrides=[
         "logging.progress=false", "learner.adam_8bit=false", "model.dtype=float32", *VARIANTS[name]])
     learner = Learner(learner_settings(cfg, str(folder)), str(folder))
-    batch = trajectories(int(learner.model.config.vocab_size))
+    from scripts.profile_learner import batch as gsm_step
+
+    batch = gsm_step(int(learner.model.config.vocab_size), seed=0, prompt_len=12, first=(4, 10), tool=3, second=(3, 8))
     for _ in range(2):
         learner.train(batch)
     times = []

@@ -27,8 +27,10 @@ VARIANTS = {
 }
 
 
-def batch(vocab: int, seed: int, groups: int = 8, samples: int = 8, prompt_len: int = 450):
-    """Trajectories shaped as one gsm step (rewards 0/1 with both in every group: every row has an advantage)."""
+def batch(vocab: int, seed: int, groups: int = 8, samples: int = 8, prompt_len: int = 450,
+          first: tuple[int, int] = (100, 250), tool: int = 20, second: tuple[int, int] = (80, 130)):
+    """Trajectories shaped as one gsm step (rewards 0/1 with both in every group: every row has an advantage): a
+    prompt, then each answer's two sampled turns (``first``, ``second``: token ranges) around a ``tool`` result."""
     from rlsys.types import Segment, Trajectory
 
     rng = random.Random(seed)
@@ -37,9 +39,9 @@ def batch(vocab: int, seed: int, groups: int = 8, samples: int = 8, prompt_len: 
     for g in range(groups):
         prompt = ids(prompt_len)
         for s in range(samples):
-            first, tool, second = rng.randint(100, 250), 20, rng.randint(80, 130)
-            toks = prompt + ids(first) + ids(tool) + ids(second)
-            mask = [0] * prompt_len + [1] * first + [0] * tool + [1] * second
+            a, b = rng.randint(*first), rng.randint(*second)
+            toks = prompt + ids(a) + ids(tool) + ids(b)
+            mask = [0] * prompt_len + [1] * a + [0] * tool + [1] * b
             seg = Segment(toks, mask, [-1.0 if m else 0.0 for m in mask])
             out.append(Trajectory(item_id=f"p{g}", group=g, sample=s, segments=[seg], reward=float(s % 2),
                                   num_turns=2))
