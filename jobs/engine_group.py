@@ -49,9 +49,9 @@ def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]
                  else "rollout.keep_awake=true")
         fits, estimate = _awake_fits(cfg, model_path, infos)
         if fits is False:
-            return 0, (f"{asked}; WARNING {estimate}: the first update may run out of GPU memory (lower "
-                       "rollout.gpu_memory_utilization or kv_cache_gib, or set a gpu_memory_budget_gib)")
-        return 0, asked
+            asked += (f"; WARNING {estimate}: the first update may run out of GPU memory (lower "
+                      "rollout.gpu_memory_utilization or kv_cache_gib, or set a gpu_memory_budget_gib)")
+        return cfg.sleep_level(), asked  # 0: the config's one rule for both
     if r.keep_awake != "auto":
         return cfg.sleep_level(), f"rollout.keep_awake={str(r.keep_awake).lower()}"
     if r.drop_rollout_state:
