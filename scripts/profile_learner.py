@@ -1,13 +1,14 @@
 """Where the learner's time goes on gsm-shaped batches (issue 24, item 3): a probe, not a benchmark.
 
-The learner of `configs/gsm-qwen0.5b.toml` (LoRA r=16 on a bf16 base, prefix sharing, micro-batches of 4) on a random
+The learner of `configs/gsm-qwen0.5b.toml` (LoRA r=16 on a bf16 base, micro-batches of 4; prefix sharing on in the
+`sharing` variant, the config's until 2026-12-04, off in the config now) on a random
 Qwen2.5-0.5B-shaped model (jobs.bench's `qwen0.5b-random`), fed synthetic batches shaped as a gsm step: 8 problems x
 8 samples, a 450-token prompt per problem, two sampled turns around a 20-token tool result, 200-400 tokens after the
 prompt. Each variant: one `Learner.train` call to warm up, one timed (tokens/s over the input tokens); then one call
-of the recipe under torch.profiler, its top operators by CUDA and by CPU time. JSON lines go to OUT/profile.jsonl as
+of the config's learner (`recipe`) under torch.profiler, its top operators by CUDA and by CPU time. JSON lines go to OUT/profile.jsonl as
 they come, so a cut run still says what it measured.
 
-    python scripts/profile_learner.py --out DIR [--variants recipe,no-sharing,mbs16,full] [--model qwen0.5b-random]
+    python scripts/profile_learner.py --out DIR [--variants recipe,sharing,mbs16,full] [--model qwen0.5b-random]
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import time
 from pathlib import Path
 
 VARIANTS = {
-    "recipe": [],
+    "recipe": [],  # the config's learner: no prefix sharing since 2026-12-04 (twelfth session)
+    "sharing": ["learner.prefix_sharing=true"],
     "no-sharing": ["learner.prefix_sharing=false"],
-    "mbs16": ["learner.mini_bs=16"],
-    "tok16k": ["learner.micro_batch_tokens=16384"],
+    "mbs16": ["learner.prefix_sharing=true", "learner.mini_bs=16"],
+    "tok16k": ["learner.prefix_sharing=true", "learner.micro_batch_tokens=16384"],
     "full": ["learner.lora.enabled=false", "learner.lr=5e-6"],
 }
 
@@ -51,7 +53,7 @@ def batch(vocab: int, seed: int, groups: int = 8, samples: int = 8, prompt_len: 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--variants", default="recipe,no-sharing,mbs16,full")
+    p.add_argument("--variants", default="recipe,sharing,mbs16,full")
     p.add_argument("--model", default="qwen0.5b-random")
     p.add_argument("--config", default="configs/gsm-qwen0.5b.toml")
     p.add_argument("--no-profile", action="store_true")

@@ -90,23 +90,26 @@ step bench-step-fulldecode ${BENCH_STEP_S:-420} python3 -m jobs.bench step $TTT 
 step bench-proxy ${BENCH_PROXY_S:-300} python3 -m jobs.bench proxy $TTT --model qwen0.5b-random --cache $BENCH --rounds 3 \
   --env-workers ${PROXY_WORKERS:-auto,2} --out "$out/bench-proxy.json" rollout.batch_size=16 rollout.n_samples=8 rollout.max_new_tokens=128 \
   rollout.max_model_len=512 rollout.engine_max_batch=128 env.max_concurrency=128 rollout.enforce_eager=${PROXY_EAGER:-true}
-# the learner alone on gsm-shaped batches (configs/gsm-qwen0.5b.toml: LoRA, 8-bit Adam, mini_bs 4), a random 0.5B:
+# the learner alone on gsm-shaped batches (configs/gsm-qwen0.5b.toml: LoRA, 8-bit Adam, mini_bs 4, no prefix sharing
+# since the twelfth session), a random 0.5B:
 # the rows of a prompt sorted by length against their sampled order (issue 24, item 3)
 step bench-learner ${BENCH_LEARNER_S:-300} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH --steps 5 \
   --out "$out/bench-learner.json"
 # the learner's micro-batches by count and by padded tokens (learner.micro_batch_tokens), with and without prefix
 # sharing (two passes through the layers a micro-batch: scripts/learner_dispatch_probe.py): is the host what bounds
 # it? (the two row orders above trained at the same speed on the H200 though one ran 13% fewer positions)
+# (twelfth session: sharing 5.80 s a step, none 2.98 s; the gsm config turned it off)
 step bench-learner-micro ${BENCH_LEARNER_S:-420} python3 -m jobs.bench learner --model qwen0.5b-random --cache $BENCH \
-  --steps 5 --variant mbs4=learner.mini_bs=4 --variant mbs8=learner.mini_bs=8 \
-  --variant tok8k=learner.micro_batch_tokens=8192 --variant tok16k=learner.micro_batch_tokens=16384 \
-  --variant nosharing=learner.prefix_sharing=false \
+  --steps 5 --variant sharing=learner.prefix_sharing=true --variant nosharing=learner.prefix_sharing=false \
+  --variant sharing-tok16k=learner.prefix_sharing=true,learner.micro_batch_tokens=16384 \
   --variant nosharing-tok16k=learner.prefix_sharing=false,learner.micro_batch_tokens=16384 \
+  --variant nosharing-mbs8=learner.prefix_sharing=false,learner.mini_bs=8 \
   --out "$out/bench-learner-micro.json"
-# where a micro-batch's ~0.36 s goes (the GPU's arithmetic for 4 rows of ~900 tokens is ~30-70 ms): the recipe under
-# torch.profiler, its top operators by CUDA and CPU time, beside no prefix sharing, 16 rows and a 16k-position budget
+# where a micro-batch's time goes (the GPU's arithmetic for 4 rows of ~900 tokens is ~30-70 ms): the config's learner
+# (no prefix sharing) under torch.profiler, its top operators by CUDA and CPU time, beside prefix sharing, and sharing
+# with 16 rows or a 16k-position budget
 step profile-learner ${PROFILE_S:-420} python3 scripts/profile_learner.py --out "$out/profile-learner" \
-  --variants recipe,no-sharing,mbs16,tok16k
+  --variants recipe,sharing,mbs16,tok16k
 # the weight fingerprint's reductions, the first way and rlsys's (issue 24, item 4)
 step fingerprint ${FINGERPRINT_S:-120} python3 scripts/fingerprint_bench.py --repeats 30 --out "$out/fingerprint.json"
 # the weight push of a 1.5B model (goal < 10 ms/GiB)
