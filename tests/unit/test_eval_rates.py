@@ -86,4 +86,5 @@ def test_the_gsm_environment_reports_its_calculator_use_per_episode():
         {"id": "c", "name": "calculate", "arguments": '{"expression": "3 * 4"}'}]}
     item = {"id": "q", "split": "heldout", "template": 0, "seed": 1, "question": "?", "answer": 12}
     record = {"item": item, "output": {"turns": [calc]}}
-    assert ENV.episode_metrics(record) == {"calculator_calls": 1.0, "calculator_errors": 0.0, "used_calculator": 1.0}
+    assert ENV.episode_metrics(record) == {"calculator_calls": 1.0, "calculator_errors": 0.0, "used_calculator": 1.0,
+                                           "right_with_calculator": 0.0}  # no answer yet: not right

@@ -186,8 +186,10 @@ def test_summarize_gives_accuracy_and_with_records_the_calculator_use():
     assert out["calculator_use_rate"] == 0.25 and out["calculator_calls_mean"] == 0.5
     assert out["calculator_error_rate"] == 0.5
     assert [gsm_reward.episode_metrics(r) for r in records[:2]] == [
-        {"calculator_calls": 2.0, "calculator_errors": 1.0, "used_calculator": 1.0},
-        {"calculator_calls": 0.0, "calculator_errors": 0.0, "used_calculator": 0.0}]
+        {"calculator_calls": 2.0, "calculator_errors": 1.0, "used_calculator": 1.0, "right_with_calculator": 1.0},
+        {"calculator_calls": 0.0, "calculator_errors": 0.0, "used_calculator": 0.0, "right_with_calculator": 0.0}]
+    wrong_with = {"item": ITEM, "output": {"turns": [CALC, turn(call("answer", {"value": 13}))]}}
+    assert gsm_reward.episode_metrics(wrong_with)["right_with_calculator"] == 0.0
 
 
 # ---- perturbations ---------------------------------------------------------------------------------

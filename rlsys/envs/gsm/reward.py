@@ -48,11 +48,14 @@ def reward(record: dict) -> float:
 
 def episode_metrics(record: dict) -> dict[str, float]:
     """One episode's calculator use as scalars (what an env worker can attach to the trajectory's summary, so the
-    driver can average them without pulling trajectories): calls, calls that came back as an error, and 1.0 if
-    the episode called the calculator at all."""
-    calls = judge(record).calculations
+    driver can average them without pulling trajectories): calls, calls that came back as an error, 1.0 if
+    the episode called the calculator at all, and 1.0 if it did and was right (averaged: the share of episodes
+    right with the calculator, so that right | used = right_with_calculator / used_calculator, and right | not used
+    = (error/right - right_with_calculator) / (1 - used_calculator): whether the tool helps the policy)."""
+    episode = judge(record)
+    calls = episode.calculations
     return {"calculator_calls": float(len(calls)), "calculator_errors": float(sum(not c["ok"] for c in calls)),
-            "used_calculator": float(bool(calls))}
+            "used_calculator": float(bool(calls)), "right_with_calculator": float(bool(calls) and episode.label == "right")}
 
 
 def calculator_stats(records: list[dict]) -> dict[str, float]:
