@@ -132,7 +132,8 @@ def run(a, D, dev):
         batch = [D["sft"][i] for i in rng.sample(order, a.sft_bs)]
         x, _ = pad([b[0] for b in batch], dev)
         mk = torch.zeros(x.shape, device=dev)
-        for i, b in enumerate(batch): mk[i, : len(b[1])] = torch.tensor(b[1], dtype=torch.float, device=dev)
+        for i, b in enumerate(batch):  # --sft-all: every token of the chat, prompt included (not only the answer)
+            mk[i, : len(b[1])] = 1.0 if a.sft_all else torch.tensor(b[1], dtype=torch.float, device=dev)
         lg = m(x)[:, :-1]
         nll = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), x[:, 1:].reshape(-1), reduction="none").view(x.shape[0], -1)
         loss = (nll * mk[:, 1:]).sum() / mk[:, 1:].sum()
@@ -196,6 +197,7 @@ if __name__ == "__main__":
     ap.add_argument("--boards", type=int, default=4); ap.add_argument("--samples", type=int, default=4); ap.add_argument("--temp", type=float, default=1.0)
     ap.add_argument("--adv", default="group"); ap.add_argument("--scale", type=int, default=1); ap.add_argument("--ent", type=float, default=0.0)
     ap.add_argument("--every", type=int, default=50); ap.add_argument("--data", default="data.pt"); ap.add_argument("--dev", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--sft-all", dest="sft_all", type=int, default=0, help="1: the SFT loss on the whole chat, prompt included")
     ap.add_argument("--init", help="start from this checkpoint folder's model.safetensors (a job's SFT stage)")
     ap.add_argument("--tag", default=""); ap.add_argument("--top-p", dest="top_p", type=float, default=1.0)
     ap.add_argument("--sweep", help="JSON file: list of arg dicts; runs each, prints one JSON line per run")
