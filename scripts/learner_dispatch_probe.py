@@ -3,8 +3,8 @@ nearly all of the time is dispatch (Python, peft, ATen), not arithmetic, on one 
 
 - `bare`: the model with LoRA r=16 on its 7 projections (peft), one forward+backward of 4 rows x 16 tokens, and the
   ATen calls in it;
-- then rlsys's learner (actors/learner.py with configs/gsm-qwen0.5b.toml's learner as of 2026-12-04 morning: LoRA, prefix sharing,
-  micro-batches of 4; `recipe` pins that sharing, which the config has since turned off)
+- then rlsys's learner (actors/learner.py with configs/gsm-qwen0.5b.toml's learner as of 2026-12-04 morning: LoRA,
+  prefix sharing, micro-batches of 4; `recipe` pins that sharing, which the config has since turned off)
   on a gsm-shaped step of 8 problems x 8 answers with short rows (12-token prompt, two turns around a tool result),
   one line per variant: seconds a step, micro-batches, milliseconds per micro-batch.
 
@@ -25,7 +25,8 @@ VARIANTS = {
     "recipe": ["learner.prefix_sharing=true"],  # as measured on 2026-12-04 (data/cpu-2026-12-04d)
     "no-sharing": ["learner.prefix_sharing=false"],
     "mbs16": ["learner.prefix_sharing=true", "learner.mini_bs=16"],
-    "tok-budget": ["learner.prefix_sharing=true", "learner.micro_batch_tokens=512"],  # ~16 of these short rows a micro-batch
+    # ~16 of these short rows a micro-batch
+    "tok-budget": ["learner.prefix_sharing=true", "learner.micro_batch_tokens=512"],
     "no-sharing-tok-budget": ["learner.prefix_sharing=false", "learner.micro_batch_tokens=512"],
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -41,12 +41,14 @@ def main() -> None:
     m = Qwen2(data["configs"][a.size], data["weights"][a.size])
     prompts = [b["ids"] for b in data["train"]]  # the held-out boards stay unseen
     # the positions where prompts differ from one another: the board (everything else is the same text)
-    first = min(next(i for i, (x, y) in enumerate(zip(p, prompts[0])) if x != y) for p in prompts[1:] if p != prompts[0])
+    first = min(next(i for i, (x, y) in enumerate(zip(p, prompts[0])) if x != y)
+                for p in prompts[1:] if p != prompts[0])
     opt = torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.0)
     for step in range(a.steps):
         x, last = pad(rng.sample(prompts, a.batch), "cpu")
         logits = m(x)[:, :-1]
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none").view(x.shape[0], -1)
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                              reduction="none").view(x.shape[0], -1)
         pos = torch.arange(x.shape[1] - 1)[None]
         valid = pos < last[:, None]  # the pad positions after each prompt predict nothing
         board = valid & (pos >= first - 1)

@@ -5,8 +5,8 @@ The learner of `configs/gsm-qwen0.5b.toml` (LoRA r=16 on a bf16 base, micro-batc
 Qwen2.5-0.5B-shaped model (jobs.bench's `qwen0.5b-random`), fed synthetic batches shaped as a gsm step: 8 problems x
 8 samples, a 450-token prompt per problem, two sampled turns around a 20-token tool result, 200-400 tokens after the
 prompt. Each variant: one `Learner.train` call to warm up, one timed (tokens/s over the input tokens); then one call
-of the config's learner (`recipe`) under torch.profiler, its top operators by CUDA and by CPU time. JSON lines go to OUT/profile.jsonl as
-they come, so a cut run still says what it measured.
+of the config's learner (`recipe`) under torch.profiler, its top operators by CUDA and by CPU time. JSON lines go to
+OUT/profile.jsonl as they come, so a cut run still says what it measured.
 
     python scripts/profile_learner.py --out DIR [--variants recipe,sharing,mbs16,full] [--model qwen0.5b-random]
 """

@@ -55,7 +55,8 @@ def episode_metrics(record: dict) -> dict[str, float]:
     episode = judge(record)
     calls = episode.calculations
     return {"calculator_calls": float(len(calls)), "calculator_errors": float(sum(not c["ok"] for c in calls)),
-            "used_calculator": float(bool(calls)), "right_with_calculator": float(bool(calls) and episode.label == "right")}
+            "used_calculator": float(bool(calls)),
+            "right_with_calculator": float(bool(calls) and episode.label == "right")}
 
 
 def calculator_stats(records: list[dict]) -> dict[str, float]:
