@@ -37,7 +37,8 @@ def check_trajectory(t) -> str:
     assert len(out["calculations"]) >= sum(len(turn["tool_calls"]) for turn in turns[:-1])
     calcs = out["calculations"]  # the environment's per-episode scalars, computed in the env worker
     assert t.metrics == {"calculator_calls": float(len(calcs)), "used_calculator": float(bool(calcs)),
-                         "calculator_errors": float(sum(not c["ok"] for c in calcs))}
+                         "calculator_errors": float(sum(not c["ok"] for c in calcs)),
+                         "right_with_calculator": float(bool(calcs) and t.outcome == "right")}
     sampled = [tok for s in t.segments for tok, m in zip(s.input_ids, s.loss_mask) if m]
     assert sampled == [tok for turn in turns for tok in turn["completion_ids"]], "loss mask is not on sampled ids"
     assert all(len(s.loss_mask) == len(s.input_ids) for s in t.segments)
