@@ -202,7 +202,6 @@ def peft_config(cfg):
                       target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
 
 
-
 def boards_dataset(rows: list[dict]):
     """The rows as a `datasets.Dataset` with a fingerprint of their JSON. `Dataset.from_list` fingerprints a new
     table by pickling it with dill, which with datasets 5.2.0 fails on every pyarrow 24-26 here ("Can't pickle
@@ -215,6 +214,7 @@ def boards_dataset(rows: list[dict]):
 
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
     return Dataset(InMemoryTable(pa.Table.from_pylist(rows)), fingerprint=f"rlsys-boards-{digest}")
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
