@@ -152,6 +152,10 @@ def run(a, D, dev):
         H = float(-(pn * pn.clamp(min=1e-12).log()).sum(-1).mean())
         return dict(greedy_legal=float((sc_ > -1).float().mean()), greedy_opt=float((sc_ >= 0.8).float().mean()), legal_mass=legal_mass, H=H, digit_mass=float(dm.sum(-1).mean()))
     log.append(dict(step=0, **ev()))
+    ref = None
+    if a.kl:  # --kl: a frozen copy of the post-SFT model as the reference (the job's `algo.kl_coef`)
+        ref = Qwen2(D["configs"][a.size], {k.replace("__", "."): v.detach() for k, v in m.p.items()}).to(dev)
+        ref.requires_grad_(False)
     # RL
     train = D["train"]
     opt = torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.0, betas=(0.9, a.beta2))
@@ -180,6 +184,11 @@ def run(a, D, dev):
         loss = -(adv * lp.gather(1, tok)).mean()
         if a.ent:
             p = lp.exp(); loss = loss - a.ent * (-(p * lp).sum(-1)).mean()
+        if ref is not None:  # k3 on the sampled tokens, as rlsys/algos/regularizers.py
+            with torch.no_grad():
+                lr_ = torch.log_softmax(ref(x)[torch.arange(len(bs), device=dev), last].float(), -1).gather(1, tok)
+            d = (lr_ - lp.gather(1, tok)).clamp(-20, 20)
+            loss = loss + a.kl * (d.exp() - d - 1).mean()
         opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step(); sc.step()
         rews.append(float(r.mean()))
         if (step + 1) % a.every == 0:
@@ -196,6 +205,7 @@ if __name__ == "__main__":
     ap.add_argument("--schedule", default="constant"); ap.add_argument("--beta2", type=float, default=0.999)
     ap.add_argument("--boards", type=int, default=4); ap.add_argument("--samples", type=int, default=4); ap.add_argument("--temp", type=float, default=1.0)
     ap.add_argument("--adv", default="group"); ap.add_argument("--scale", type=int, default=1); ap.add_argument("--ent", type=float, default=0.0)
+    ap.add_argument("--kl", type=float, default=0.0, help="k3 KL penalty to the frozen post-SFT model (algo.kl_coef)")
     ap.add_argument("--every", type=int, default=50); ap.add_argument("--data", default="data.pt"); ap.add_argument("--dev", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sft-all", dest="sft_all", type=int, default=0, help="1: the SFT loss on the whole chat, prompt included")
     ap.add_argument("--init", help="start from this checkpoint folder's model.safetensors (a job's SFT stage)")
