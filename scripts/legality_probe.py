@@ -17,7 +17,7 @@ It leaves out the ~20 format tokens (so temperature's effect on the format is me
 Printed per run: greedy legal/optimal rate, legal mass and entropy over the nine squares, on the job's 256
 held-out boards, every `--every` steps. One JSON line per run.
 """
-import argparse, json, math, random, sys, time
+import argparse, copy, json, math, random, sys, time
 import torch, torch.nn.functional as F
 
 
@@ -154,8 +154,7 @@ def run(a, D, dev):
     log.append(dict(step=0, **ev()))
     ref = None
     if a.kl:  # --kl: a frozen copy of the post-SFT model as the reference (the job's `algo.kl_coef`)
-        ref = Qwen2(D["configs"][a.size], {k.replace("__", "."): v.detach() for k, v in m.p.items()}).to(dev)
-        ref.requires_grad_(False)
+        ref = copy.deepcopy(m).requires_grad_(False)
     # RL
     train = D["train"]
     opt = torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.0, betas=(0.9, a.beta2))
@@ -181,13 +180,14 @@ def run(a, D, dev):
                 adv[r.max(1).values == r.min(1).values] = 0.0
             else:
                 adv = (r - r.mean()) / (r.std() + 1e-6)
-        loss = -(adv * lp.gather(1, tok)).mean()
+        lp_tok = lp.gather(1, tok)  # (B, G) the sampled tokens' logprobs, with grad
+        loss = -(adv * lp_tok).mean()
         if a.ent:
             p = lp.exp(); loss = loss - a.ent * (-(p * lp).sum(-1)).mean()
         if ref is not None:  # k3 on the sampled tokens, as rlsys/algos/regularizers.py
             with torch.no_grad():
                 lr_ = torch.log_softmax(ref(x)[torch.arange(len(bs), device=dev), last].float(), -1).gather(1, tok)
-            d = (lr_ - lp.gather(1, tok)).clamp(-20, 20)
+            d = (lr_ - lp_tok).clamp(-20, 20)
             loss = loss + a.kl * (d.exp() - d - 1).mean()
         opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step(); sc.step()
         rews.append(float(r.mean()))
