@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The side-by-side of issue 25 on the GPU machine (docs/peers.md). NOT YET RUN ON A GPU.
+# The side-by-side of issue 25 on the GPU machine (docs/peers.md); first run 2026-12-05 (rlsys, trl).
 # From the repo root, after the gpu-site, qwen and peer-NAME bundles are unpacked (docs/peers.md, "GPU session"):
 #   bash scripts/peers/device.sh start NAME    # NAME: rlsys | rlsys-default | trl | verl; detached (setsid), returns
 #   bash scripts/peers/device.sh wait NAME S   # waits up to S s; once the run ended, `rlsys eval` on its final
@@ -12,9 +12,11 @@ cmd=${1:?start|wait} peer=${2:?rlsys|rlsys-default|trl|verl}
 P=/tmp/peers/$peer; mkdir -p "$P"
 gguf=${GGUF:-/tmp/qwen/qwenpack/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 config=configs/tictactoe-qwen0.5b.toml
-# rlsys on the peers' work: 4 boards x 4 samples, no dynamic sampling, 100 steps, no evals inside the timed run
-equal_work="max_steps=100 max_train_minutes=120 rollout.n_samples=4 algo.dynamic_sampling=false eval.at_start=false
-  eval.at_end=false checkpoint.save_interval=100"
+# rlsys on the peers' work: 4 boards x 4 samples, no dynamic sampling (so no unanimous groups in the batch either:
+# the config refuses them without it), 100 steps, no evals inside the timed run
+equal_work="max_steps=100 max_train_minutes=120 rollout.n_samples=4 algo.dynamic_sampling=false
+  algo.unanimous_groups=0 algo.unanimous_baseline=none eval.at_start=false eval.at_end=false
+  checkpoint.save_interval=100"
 
 model_folder() {  # rlsys's conversion of the GGUF (cached; ~30 s the first time)
   python3 -c "import sys; from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1]))" "$gguf" | tail -1
@@ -40,16 +42,23 @@ start() {
   echo "device.sh: $peer started; logs in $P"
 }
 
-final_model() {  # the folder `rlsys eval --ckpt` takes
-  case $peer in rlsys*) echo "$P/run" ;; *) echo "$P/final" ;; esac
+final_model() {  # the folder `rlsys eval --ckpt` takes; a LoRA checkpoint (the config's) merged first
+  case $peer in
+    rlsys*) local ck="$P/run/checkpoints/$(cat "$P/run/checkpoints/latest" 2>/dev/null)"
+            if [ -f "$ck/adapter_config.json" ]; then
+              python3 -m rlsys.cli export --merge "$ck" "$P/final" >> "$P/eval.log" 2>&1 && echo "$P/final"
+            else echo "$P/run"; fi ;;
+    *) echo "$P/final" ;;
+  esac
 }
 
 wait_for() {
   local deadline=$(( $(date +%s) + ${1:-500} ))
   while ! grep -q '^rc=' "$P/run.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
-  if grep -q '^rc=' "$P/run.log" && [ ! -f "$P/eval.json" ]; then
-    kill "$(cat "$P/mem.pid")" 2>/dev/null
-    python3 -m jobs.eval --ckpt "$(final_model)" --config $config --perturb --json "$P/eval.json" > "$P/eval.log" 2>&1
+  if grep -q '^rc=' "$P/run.log"; then kill "$(cat "$P/mem.pid")" 2>/dev/null; fi
+  if grep -q '^rc=0' "$P/run.log" && [ ! -f "$P/eval.json" ]; then  # a failed run has no model to score
+    local m; m=$(final_model)
+    python3 -m jobs.eval --ckpt "$m" --config $config --perturb --json "$P/eval.json" >> "$P/eval.log" 2>&1
   fi
   mkdir -p "$out/$peer"
   cp "$P"/*.json "$P"/*.jsonl "$P"/*.log "$P"/mem.csv "$P"/t_command "$out/$peer/" 2>/dev/null
