@@ -10,7 +10,9 @@ and held-out boards are disjoint samples of the boards whose centre is free, so 
 centre) is always legal and usually optimal. After format SFT the model answers every board with square 2 (legal
 on ~37% of these boards); GSPO finds the centre within ~30 steps only if rewards, advantages, the loss, the
 optimizer step and the weight push all work: a sign flip, a skipped push or a wrong loss mask leaves the rate at
-~0.37 or lowers it. MARGIN and the learning rate come from the measured runs (docs/results-cpu.md, "CI test").
+~0.37 or lowers it. The optimal-move rate and the training reward must rise too. The margins and the learning rate
+come from the measured runs (docs/results-cpu.md, "CI test": with the recipe's KL penalty, 8 runs over recipe seeds 0-7
+and 7 board samples all ended at legal 1.000; legal +0.61 to +0.67, optimal +0.33 to +0.69, reward +0.48 to +0.64).
 """
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ from tests.loop.conftest import REPO
 
 pytestmark = [pytest.mark.timeout(480), pytest.mark.slow]
 
-MARGIN = 0.3
+MARGIN = 0.5  # legal-move rate, greedy held-out: after >= before + MARGIN (measured +0.61 to +0.67)
+OPTIMAL_MARGIN = 0.25  # optimal-move rate, the same boards (measured +0.33 to +0.69; this test's seed +0.50)
+REWARD_MARGIN = 0.3  # mean rollout reward, last 10 GSPO steps minus first 10 (measured +0.48 to +0.64)
 
 
 def centre_free_boards(tmp_path, n_train: int = 256, n_held_out: int = 64, seed: int = 0):
@@ -55,10 +59,19 @@ def test_shortened_recipe_raises_the_held_out_legal_move_rate(ray_local, tmp_pat
     recipe.seed = 0
     summary = run_recipe(recipe, tmp_path / "run", shortened(*centre_free_boards(tmp_path)), window=10)
 
+    curve = json.dumps(summary["curve"])
     before, after = summary["held_out"]["legal_move_rate"]
     assert after >= before + MARGIN, (
         f"greedy held-out legal-move rate {before:.3f} -> {after:.3f}: less than +{MARGIN} after 30 GSPO steps; "
-        f"curve: {json.dumps(summary['curve'])}")
+        f"curve: {curve}")
+    opt_before, opt_after = summary["held_out"]["optimal_move_rate"]
+    assert opt_after >= opt_before + OPTIMAL_MARGIN, (
+        f"greedy held-out optimal-move rate {opt_before:.3f} -> {opt_after:.3f}: less than +{OPTIMAL_MARGIN}; "
+        f"curve: {curve}")
+    first, last = summary["curve"]["rewards_mean"]
+    assert last >= first + REWARD_MARGIN, (
+        f"rollout reward, first -> last 10 GSPO steps {first:.3f} -> {last:.3f}: less than +{REWARD_MARGIN}; "
+        f"curve: {curve}")
     # the run left what the README promises
     root = tmp_path / "run"
     assert (root / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
