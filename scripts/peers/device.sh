@@ -4,6 +4,7 @@
 #   bash scripts/peers/device.sh start NAME    # NAME: rlsys | rlsys-default | trl | verl; detached (setsid), returns
 #   bash scripts/peers/device.sh wait NAME S   # waits up to S s; once the run ended, `rlsys eval` on its final
 #                                              # model (same held-out boards, --perturb); copies the results to $OUT
+#   EXTRA="rollout.kv_cache_gib=4" bash scripts/peers/device.sh start rlsys   # more overrides for the rlsys run
 # One run at a time, alone on the GPU. Every run gets the same GPU memory log: nvidia-smi's memory.used each second
 # (mem.csv; the peak is its max), whatever the framework reports itself.
 set -u
@@ -33,7 +34,7 @@ start() {
     verl) PYTHONPATH=/tmp/peer-verl/site:$PYTHONPATH MODEL=$M OUT=$P setsid nohup bash -c \
            "bash scripts/peers/verl_gspo.sh; echo rc=\$?" > "$P/run.log" 2>&1 < /dev/null & ;;
     rlsys) setsid nohup bash -c "python3 -m rlsys.cli train --config $config --ckpt '$gguf' --run-dir '$P/run' \
-           $(echo $equal_work); echo rc=\$?" > "$P/run.log" 2>&1 < /dev/null & ;;
+           $(echo $equal_work) ${EXTRA:-}; echo rc=\$?" > "$P/run.log" 2>&1 < /dev/null & ;;
     rlsys-default) setsid nohup bash -c "python3 -m rlsys.cli train --config $config --ckpt '$gguf' --run-dir '$P/run' \
            max_steps=100 max_train_minutes=120 eval.at_start=false eval.at_end=false checkpoint.save_interval=100; \
            echo rc=\$?" > "$P/run.log" 2>&1 < /dev/null & ;;
