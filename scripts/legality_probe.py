@@ -160,7 +160,11 @@ def run(a, D, dev):
     opt = torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.0, betas=(0.9, a.beta2))
     sc = torch.optim.lr_scheduler.LambdaLR(opt, sched(a.warmup, a.steps, a.schedule))
     rews = []
+    kl_end = a.kl if getattr(a, "kl_end", None) is None else a.kl_end
     for step in range(a.steps):
+        if ref is not None and step and step == getattr(a, "kl_reset", 0):  # the reference moves to this policy
+            ref = copy.deepcopy(m).requires_grad_(False)
+        kl = a.kl + (kl_end - a.kl) * step / max(1, a.steps - 1)  # --kl-end: linear from --kl
         bs = rng.sample(train, a.boards)
         x, last = pad([b["ids"] for b in bs], dev)
         lp = torch.log_softmax(m(x)[torch.arange(len(bs), device=dev), last].float(), -1)  # (B, V)
@@ -188,7 +192,7 @@ def run(a, D, dev):
             with torch.no_grad():
                 lr_ = torch.log_softmax(ref(x)[torch.arange(len(bs), device=dev), last].float(), -1).gather(1, tok)
             d = (lr_ - lp_tok).clamp(-20, 20)
-            loss = loss + a.kl * (d.exp() - d - 1).mean()
+            loss = loss + kl * (d.exp() - d - 1).mean()
         opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step(); sc.step()
         rews.append(float(r.mean()))
         if (step + 1) % a.every == 0:
@@ -206,6 +210,10 @@ if __name__ == "__main__":
     ap.add_argument("--boards", type=int, default=4); ap.add_argument("--samples", type=int, default=4); ap.add_argument("--temp", type=float, default=1.0)
     ap.add_argument("--adv", default="group"); ap.add_argument("--scale", type=int, default=1); ap.add_argument("--ent", type=float, default=0.0)
     ap.add_argument("--kl", type=float, default=0.0, help="k3 KL penalty to the frozen post-SFT model (algo.kl_coef)")
+    ap.add_argument("--kl-end", dest="kl_end", type=float, default=None, help="the penalty's value at the last step: "
+                    "linear from --kl (a schedule the job does not have; for the probe)")
+    ap.add_argument("--kl-reset", dest="kl_reset", type=int, default=0, help="at this GSPO step the reference becomes "
+                    "a copy of the policy (what a second recipe stage with its own penalty does)")
     ap.add_argument("--every", type=int, default=50); ap.add_argument("--data", default="data.pt"); ap.add_argument("--dev", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sft-all", dest="sft_all", type=int, default=0, help="1: the SFT loss on the whole chat, prompt included")
     ap.add_argument("--init", help="start from this checkpoint folder's model.safetensors (a job's SFT stage)")
