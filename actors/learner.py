@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from rlsys.algos import (GRPOConfig, GSPOConfig, RegularizerConfig, group_advantages, grpo_loss, gspo_loss, masked_mean,
-                         regularizer_loss, sft_loss, token_entropy, token_logprobs)
+                         regularizer_loss, sft_loss, token_entropy, token_logprobs, top_entropy_mask)
 from rlsys.config import AlgoConfig, LearnerConfig, ModelConfig
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported)
@@ -334,10 +334,12 @@ class Learner:
     def _minibatch(self, chunk: list[_Row], logp_old: dict[int, torch.Tensor] | None, first: bool) -> dict[str, float]:
         """Forward/backward over micro-batches of one optimizer step; returns averaged metrics + grad norm."""
         algo = self.cfg.algo.name
+        frac = self.cfg.algo.top_entropy_frac  # the loss on the highest-entropy share of the sampled tokens only
+        # the regularizers' token-mean normaliser: the sampled tokens, or about the share of them trained on
+        tokens = float(sum(r.segment.num_sampled for r in chunk)) * (1.0 if frac is None else frac)
         normalizer = sum(r.weight for r in chunk)  # trajectories, whatever their number of segments
         if algo == "grpo":  # token-mean over the whole minibatch
-            normalizer = float(sum(r.segment.num_sampled for r in chunk))
-        tokens = float(sum(r.segment.num_sampled for r in chunk))  # the regularizers' token-mean normaliser
+            normalizer = tokens
         local = chunk[self.rank :: self.world_size]  # this rank's share; normalisers count the whole chunk
         # an entropy bonus or a KL penalty moves zero-advantage sequences too
         regularized = bool(self._reg.entropy_coef or self._reg.kl_coef)
@@ -377,9 +379,12 @@ class Learner:
                     old, tis_ref = rollout_lp, None
                 adv = torch.tensor([r.advantage for r in micro], device=self.device)  # (B,)
                 loss_fn, lcfg = (gspo_loss, self._gspo) if algo == "gspo" else (grpo_loss, self._grpo)
-                loss, m = loss_fn(logp_new, old, adv, mask, lcfg, logp_rollout=tis_ref, normalizer=normalizer)
-                reg, reg_m = regularizer_loss(mask, self._reg, entropy=entropy, logp_new=logp_new, logp_ref=logp_ref,
+                trained = mask if frac is None else top_entropy_mask(mask, entropy, frac)  # (B, T-1)
+                loss, m = loss_fn(logp_new, old, adv, trained, lcfg, logp_rollout=tis_ref, normalizer=normalizer)
+                reg, reg_m = regularizer_loss(trained, self._reg, entropy=entropy, logp_new=logp_new, logp_ref=logp_ref,
                                               normalizer=tokens)
+                if frac is not None:
+                    m["train/selected_token_frac"] = float(trained.sum()) / max(float(mask.sum()), 1.0)
                 loss, m = loss + reg, {**m, **reg_m}
                 if first and index == 0:
                     with torch.no_grad():

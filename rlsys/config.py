@@ -252,11 +252,21 @@ class AlgoConfig(_Section):
     """Under `dynamic_sampling` with `unanimous_baseline = "batch"`: up to this many of the step's unanimous groups
     (with a valid member, in sampling order) join the `rollout.batch_size` groups with signal. They were sampled
     anyway: no extra sampling, only learner time. Counted in `rollout/groups_unanimous_kept`."""
+    top_entropy_frac: float | None = Field(None, gt=0.0, le=1.0)
+    """GSPO/GRPO: the loss (policy term, KL penalty and entropy bonus alike) on the sampled tokens whose policy
+    entropy is in the top fraction of each micro-batch's sampled tokens, the others masked out ("Beyond the 80/20
+    rule", Wang et al. 2025: the high-entropy "forking" tokens carry the learning; they kept 20%). The regularizers'
+    token mean (and GRPO's) then runs over about `fraction` x the sampled tokens, so the terms weigh against each
+    other as they do without the option. For answers that are mostly fixed format around one decision (the tic-tac-toe call:
+    ~19 format tokens and a square) the update goes to the decision instead of the format (docs/results-cpu.md).
+    `train/entropy` and `train/kl_ref` are then the selected tokens' means. None: every sampled token."""
 
     @model_validator(mode="after")
     def _regularizers_need_a_policy_loss(self) -> AlgoConfig:
         if self.name == "sft" and (self.entropy_coef or self.kl_coef):
             raise ValueError("algo.entropy_coef / algo.kl_coef: GSPO/GRPO only (SFT's loss takes no regularizer)")
+        if self.name == "sft" and self.top_entropy_frac is not None:
+            raise ValueError("algo.top_entropy_frac: GSPO/GRPO only (SFT trains on every target token)")
         if self.name == "sft" and self.unanimous_baseline != "none":
             raise ValueError("algo.unanimous_baseline: GSPO/GRPO only (SFT has no groups)")
         if self.unanimous_groups and not (self.dynamic_sampling and self.unanimous_baseline == "batch"):

@@ -84,3 +84,22 @@ def regularizer_loss(
             loss = loss + cfg.kl_coef * torch.where(mask, k3, zero.to(k3.dtype)).sum() / denom
         metrics["train/kl_ref"] = float(masked_mean(k3.detach(), mask))
     return loss, metrics
+
+
+def top_entropy_mask(
+    loss_mask: torch.Tensor,  # (B, T) bool or 0/1: 1 on sampled tokens only
+    entropy: torch.Tensor,  # (B, T) policy entropy at each position
+    frac: float,  # in (0, 1]: the share of the sampled tokens to keep
+) -> torch.Tensor:  # (B, T) bool, a subset of the mask
+    """The sampled tokens whose entropy is in the top `frac` of this batch's sampled tokens (`algo.top_entropy_frac`):
+    those at or above the (1 - frac) quantile, so ties at the threshold are all kept."""
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"top_entropy_mask: frac must be in (0, 1], got {frac}")
+    mask = loss_mask.bool()
+    if entropy.shape != mask.shape:
+        raise ValueError(f"top_entropy_mask: entropy {tuple(entropy.shape)} must match loss_mask {tuple(mask.shape)}")
+    if frac == 1.0 or not bool(mask.any()):
+        return mask
+    ent = entropy.detach().float()
+    threshold = torch.quantile(ent[mask], 1.0 - frac)
+    return mask & (ent >= threshold)

@@ -96,3 +96,20 @@ def test_a_resumed_learner_compares_against_the_initial_model_not_the_checkpoint
 def test_sft_refuses_the_regularizers(tmp_path):
     with pytest.raises(Exception, match="GSPO/GRPO only"):
         job_config(tmp_path, "algo.name=sft", "algo.kl_coef=0.1", "rollout.n_samples=1")
+
+
+def test_top_entropy_frac_trains_on_the_selected_tokens_and_1_is_the_default_step(tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    def one_step(*overrides):
+        learner = make_learner(job_config(tmp_path, *overrides), tiny_model_path)
+        stats = learner.train(_trajectories())
+        return stats, {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+
+    base, w_base = one_step("algo.kl_coef=0.1")
+    full, w_full = one_step("algo.kl_coef=0.1", "algo.top_entropy_frac=1.0")
+    top, w_top = one_step("algo.kl_coef=0.1", "algo.top_entropy_frac=0.25")
+    assert full["train/selected_token_frac"] == 1.0 and "train/selected_token_frac" not in base
+    assert all(torch.equal(w_full[n], w_base[n]) for n in w_base)  # every token selected: the default step
+    assert 0.0 < top["train/selected_token_frac"] <= 0.3  # a quarter, ties at the threshold kept
+    assert any(not torch.equal(w_top[n], w_base[n]) for n in w_base)  # it trained, on fewer tokens

@@ -79,3 +79,35 @@ def test_bad_inputs_are_refused():
         regularizer_loss(torch.ones(2, 3), entropy=torch.ones(2, 2))
     with pytest.raises(ValueError, match="needs logp_new"):
         regularizer_loss(torch.ones(1, 1), logp_ref=torch.zeros(1, 1))
+
+
+def test_top_entropy_mask_keeps_the_top_share_of_sampled_tokens_only():
+    from rlsys.algos import top_entropy_mask
+
+    # 2 rows x 6 positions; position 0 is the prompt (not sampled) and has the largest entropy of all
+    entropy = torch.tensor([[9.0, 0.1, 0.2, 2.0, 0.3, 0.1],
+                            [9.0, 0.2, 1.5, 0.1, 0.1, 0.4]])
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]])  # 9 sampled tokens
+    top = top_entropy_mask(mask, entropy, 0.25)
+    # the 0.75 quantile of the 9 sampled entropies is 0.3: 2.0, 1.5, 0.3 at or above it; never the prompt, never
+    # row 1's unsampled 0.4
+    assert top.tolist() == [[False, False, False, True, True, False], [False, False, True, False, False, False]]
+    assert not bool((top & ~mask.bool()).any())
+    assert top_entropy_mask(mask, entropy, 1.0).tolist() == mask.bool().tolist()
+    assert not bool(top_entropy_mask(torch.zeros_like(mask), entropy, 0.5).any())
+    with pytest.raises(ValueError, match="frac"):
+        top_entropy_mask(mask, entropy, 0.0)
+    with pytest.raises(ValueError, match="must match"):
+        top_entropy_mask(mask, entropy[:, :5], 0.5)
+
+
+def test_top_entropy_frac_is_a_policy_loss_option():
+    from pydantic import ValidationError
+
+    from rlsys.config import load_config
+
+    assert load_config(None, overrides=["algo.top_entropy_frac=0.1"]).algo.top_entropy_frac == 0.1
+    with pytest.raises((ValidationError, ValueError), match="top_entropy_frac"):
+        load_config(None, overrides=["algo.name=sft", "algo.top_entropy_frac=0.1"])
+    with pytest.raises((ValidationError, ValueError), match="top_entropy_frac"):
+        load_config(None, overrides=["algo.top_entropy_frac=1.5"])
