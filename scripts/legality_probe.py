@@ -160,9 +160,9 @@ def run(a, D, dev):
     opt = torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.0, betas=(0.9, a.beta2))
     sc = torch.optim.lr_scheduler.LambdaLR(opt, sched(a.warmup, a.steps, a.schedule))
     rews = []
-    kl_end = a.kl if getattr(a, "kl_end", None) is None else a.kl_end
+    kl_end = a.kl if a.kl_end is None else a.kl_end
     for step in range(a.steps):
-        if ref is not None and step and step == getattr(a, "kl_reset", 0):  # the reference moves to this policy
+        if ref is not None and step and step == a.kl_reset:  # the reference moves to this policy
             ref = copy.deepcopy(m).requires_grad_(False)
         kl = a.kl + (kl_end - a.kl) * step / max(1, a.steps - 1)  # --kl-end: linear from --kl
         bs = rng.sample(train, a.boards)
