@@ -317,8 +317,9 @@ class Learner:
         masked = torch.tensor([self.cfg.algo.mask_truncated and t.truncated_turns > 0 for t in trajs],
                               dtype=torch.bool)  # (N,) cut at max_tokens: out of the baseline and the loss
         valid &= ~masked
-        adv, metrics = group_advantages(rewards, groups, valid, eps=self.cfg.algo.adv_eps,
-                                        unanimous=self.cfg.algo.unanimous_baseline)
+        algo = self.cfg.algo
+        adv, metrics = group_advantages(rewards, groups, valid, eps=algo.adv_eps, scale=algo.scale_advantages,
+                                        unanimous=algo.unanimous_baseline, positive_weight=algo.positive_weight)
         metrics["adv/truncated_masked_frac"] = float(masked.float().mean()) if len(trajs) else 0.0
         if penalty:
             metrics["adv/truncated_penalized_frac"] = sum(t.truncated_turns > 0 and not t.failed

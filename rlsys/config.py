@@ -204,6 +204,15 @@ class AlgoConfig(_Section):
     """Cap of the truncated sequence importance weight in `decoupled` mode."""
     adv_eps: float = Field(1e-6, gt=0.0)
     """Added to the group std when normalising advantages."""
+    scale_advantages: bool = True
+    """GSPO/GRPO: divide each group's reward deviations by the group's std (GRPO, GSPO as published; TRL's
+    `scale_rewards="group"`). False: the deviations as they are (Dr. GRPO; TRL's `scale_rewards="none"`), so a
+    group whose answers nearly agree (one weaker move in eight) is not pushed with advantages ~2.5 times its
+    reward gap (rlsys/algos/advantages.py)."""
+    positive_weight: float = Field(1.0, ge=0.0, le=1.0)
+    """GSPO/GRPO: weight of the positive advantages (W-REINFORCE, Zhu et al. 2025: 0.1; 0 = negative samples
+    only). Reinforcing the answers a policy already prefers is what collapses its entropy; pushing the worse ones
+    down spreads their mass over the rest. 1 = off (rlsys/algos/advantages.py)."""
     mask_truncated: bool = False
     """Leave trajectories with a turn cut at `max_new_tokens` out of the advantages and the loss (TRL's
     `mask_truncated_completions`, DAPO's overlong filtering), so that a cut-off answer whose opening still
@@ -267,6 +276,8 @@ class AlgoConfig(_Section):
             raise ValueError("algo.entropy_coef / algo.kl_coef: GSPO/GRPO only (SFT's loss takes no regularizer)")
         if self.name == "sft" and self.top_entropy_frac is not None:
             raise ValueError("algo.top_entropy_frac: GSPO/GRPO only (SFT trains on every target token)")
+        if self.name == "sft" and (self.positive_weight != 1.0 or not self.scale_advantages):
+            raise ValueError("algo.positive_weight / algo.scale_advantages: GSPO/GRPO only (SFT has no advantages)")
         if self.name == "sft" and self.unanimous_baseline != "none":
             raise ValueError("algo.unanimous_baseline: GSPO/GRPO only (SFT has no groups)")
         if self.unanimous_groups and not (self.dynamic_sampling and self.unanimous_baseline == "batch"):

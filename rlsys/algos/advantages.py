@@ -21,6 +21,11 @@ Choices and departures from the papers, on purpose:
   baseline instead, REINFORCE++-style: ``(r_i - mean_B) / (std_B + eps)`` over every valid trajectory of the
   batch. Still action-independent, so the gradient stays unbiased; it pushes a board the policy answers the same
   way every time down when that answer scores below the batch, up when above. Groups with signal are unchanged.
+- ``positive_weight`` (`algo.positive_weight`) multiplies the positive advantages, after the baselines, by a weight
+  in [0, 1] (W-REINFORCE, Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
+  Reasoning": 0.1; 0 trains on the negative samples only). Raising a sampled answer that the policy already prefers
+  is what sharpens it (the entropy falls with the covariance of log-probability and advantage); pushing a worse answer
+  down spreads its mass over the others. 1 = off.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ def group_advantages(
     eps: float = 1e-6,
     scale: bool = True,
     unanimous: str = "none",
+    positive_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-trajectory advantages ``(N,)`` (float32 or the rewards' float dtype) and metrics.
 
@@ -48,6 +54,8 @@ def group_advantages(
     """
     if unanimous not in ("none", "batch"):
         raise ValueError(f"group_advantages: unanimous must be 'none' or 'batch', got {unanimous!r}")
+    if not 0.0 <= positive_weight <= 1.0:
+        raise ValueError(f"group_advantages: positive_weight must be in [0, 1], got {positive_weight}")
     if rewards.dim() != 1 or group_ids.shape != rewards.shape or valid.shape != rewards.shape:
         raise ValueError(
             f"group_advantages: rewards {tuple(rewards.shape)}, group_ids {tuple(group_ids.shape)} "
@@ -96,6 +104,8 @@ def group_advantages(
         batch_dev = r - batch.mean()  # (N,)
         unan = batch_dev / (batch.std() + eps) if scale else batch_dev  # Bessel-corrected std, as the groups'
         adv = torch.where(batch_baseline, unan, adv)
+    if positive_weight != 1.0:
+        adv = torch.where(adv > 0, adv * positive_weight, adv)
     metrics = {
         "adv/zero_var_group_frac": float(no_signal.to(dtype).mean()),
         "adv/valid_frac": num_valid / n,

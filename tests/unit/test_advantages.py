@@ -123,3 +123,18 @@ def test_the_batch_baseline_gives_nothing_when_the_whole_batch_agrees_or_has_one
     assert adv.abs().sum() == 0.0
     with pytest.raises(ValueError, match="unanimous must be"):
         _adv([1.0, 0.0], [0, 0], unanimous="group")
+
+
+def test_positive_weight_scales_only_the_positive_advantages_after_either_baseline():
+    rewards, groups = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], [0, 0, 1, 1, 2, 2]  # group 0 has signal, 1 and 2 unanimous
+    for unanimous in ("none", "batch"):
+        full, _ = _adv(rewards, groups, unanimous=unanimous)
+        weighted, m = _adv(rewards, groups, unanimous=unanimous, positive_weight=0.1)
+        torch.testing.assert_close(weighted, torch.where(full > 0, 0.1 * full, full))
+        assert (full > 0).any() and (full < 0).any()  # both signs were there to tell apart
+        assert m["adv/abs_mean"] == pytest.approx(float(weighted.abs().mean()))
+    negative_only, _ = _adv(rewards, groups, unanimous="batch", positive_weight=0.0)
+    assert (negative_only <= 0).all() and (negative_only < 0).sum() == 3  # NSR: the 0-reward answers only
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="positive_weight must be in"):
+            _adv(rewards, groups, positive_weight=bad)

@@ -99,3 +99,22 @@ def test_a_unanimous_group_is_trained_only_with_the_batch_baseline(tmp_path, tin
     stats = learner.train(trajs)
     assert stats["train/active_frac"] == (1.0 if baseline == "batch" else 0.5)
     assert learner.last_trained()[4:] == ([t.segments[0] for t in trajs[4:]] if baseline == "batch" else [])
+
+
+def test_the_learner_passes_advantage_scaling_and_positive_weight_to_the_advantages(tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    trajs = _trajectories()  # one group, rewards 1.0, 0.0, 0.5, -1.0
+    overrides = ["algo.scale_advantages=false", "algo.positive_weight=0.25"]
+    learner = make_learner(job_config(tmp_path, *overrides), tiny_model_path)
+    rows, _ = learner._policy_rows(trajs)
+    deviations = [1.0 - 0.125, 0.0 - 0.125, 0.5 - 0.125, -1.0 - 0.125]  # unscaled: reward - group mean
+    assert [r.advantage for r in rows] == pytest.approx([d * 0.25 if d > 0 else d for d in deviations])
+
+
+def test_advantage_options_are_refused_for_sft():
+    from rlsys.config import load_config
+
+    for override in ("algo.positive_weight=0.5", "algo.scale_advantages=false"):
+        with pytest.raises(ValueError, match="GSPO/GRPO only"):
+            load_config(overrides=["algo.name=sft", override])
