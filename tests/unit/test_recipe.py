@@ -92,8 +92,9 @@ def test_main_recipe_resolves(tmp_path):
     assert (sft.algo.name, gspo.algo.name) == ("sft", "gspo")
     assert gspo.model.ckpt == str(final_checkpoint(sft))
     assert gspo.eval.at_start and gspo.eval.at_end and gspo.data.num_items == 2048
-    # time-boxed below the README's 15 minutes, with room for more steps than the box holds
-    assert gspo.max_train_minutes <= 14 and gspo.max_steps >= 1000 and sft.max_train_minutes is None
+    # time-boxed below the README's 15 minutes (the box counts from the command's start; the end eval and the summary
+    # took ~6 s after it: 14 min 36 s wall for 14.5), with room for more steps than the box holds
+    assert gspo.max_train_minutes <= 14.5 and gspo.max_steps >= 1000 and sft.max_train_minutes is None
 
 
 def write_stage(root: Path, steps: int, evals: list[dict], temperature: float = 0.0) -> Path:
