@@ -55,6 +55,7 @@ class EnvWorker:
         # here, while the engines build, not in the first episode: the imports (~1 s here) and the client's lazily
         # loaded chat resource and response types (the first call took 0.14 s against 0.06 s after this)
         import httpx  # noqa: F401
+        import httpx_aiohttp  # noqa: F401  (and aiohttp)
         import openai
         from openai.types.chat import ChatCompletion  # noqa: F401
 
@@ -152,15 +153,23 @@ class EnvWorker:
 
 
 def retrying_transport(limits: Any) -> Any:
-    """An ``httpx.AsyncHTTPTransport`` that resends a request whose connection failed before any response
-    (``CONNECTION_RETRIES`` times, after ``RETRY_BACKOFF_S``). ``handle_async_request`` returns once the
-    response head is in, so every error it raises came before the proxy answered: either the request never
-    reached the proxy, or it reached a connection the proxy had closed, which uvicorn does not read."""
+    """The agents' HTTP transport: aiohttp under httpx's interface (``httpx_aiohttp.AiohttpTransport``, the
+    openai SDK's `aiohttp` option), resending a request whose connection failed before any response
+    (``CONNECTION_RETRIES`` times, after ``RETRY_BACKOFF_S``).
+
+    Why aiohttp: with 32 agents of a worker in flight at once, httpcore's connection pool scans every pooled
+    connection (a socket poll each) whenever a request starts or ends; the agents' client cost 2.7 ms of CPU an
+    episode, against 1.0 ms through aiohttp's connector (tic-tac-toe's first request, 32 at once, an instant
+    proxy; docs/performance.md, section 6). ``handle_async_request`` returns once the response head is in, so
+    every error it raises came before the proxy answered: either the request never reached the proxy, or it
+    reached a connection the proxy had closed, which uvicorn does not read (aiohttp's errors arrive as httpx's:
+    a connection the server closed is a ``ConnectTimeout``, a refused one a ``ConnectError``)."""
     import httpx
+    from httpx_aiohttp import AiohttpTransport
 
     retried = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadError)
 
-    class RetryingTransport(httpx.AsyncHTTPTransport):
+    class RetryingTransport(AiohttpTransport):
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
             for pause in RETRY_BACKOFF_S[:CONNECTION_RETRIES]:
                 try:
@@ -169,7 +178,7 @@ def retrying_transport(limits: Any) -> Any:
                     await asyncio.sleep(pause)
             return await super().handle_async_request(request)
 
-    return RetryingTransport(limits=limits)
+    return RetryingTransport(limits=limits, trust_env=False)
 
 
 def _fail(traj: Trajectory, reason: str) -> None:
