@@ -184,7 +184,7 @@ class FastDecoder:
         hq, hk, dh = self.heads, self.kv_heads, self.head_dim
         g = hq // hk
         cos, sin = state.cos[:, t], state.sin_signed[:, t]  # (U, 1, 1, D)
-        bias = state.bias[..., : c + p + t + 1]  # (1, U, 1, 1, C + P + t + 1)
+        bias = state.bias[..., : p + t + 1]  # (1, U, 1, 1, P + t + 1): the slot's own columns (the prefix has none)
         x = self.embed[token_ids]  # (B, d)
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (self.hidden,), layer.norm_in, self.eps)
@@ -194,14 +194,15 @@ class FastDecoder:
             slot_k[:, :, :, p + t] = qk[:, :, hq:].permute(2, 0, 1, 3)
             slot_v[:, :, :, p + t] = qkv[:, :, hq + hk :].permute(2, 0, 1, 3)
             q = (qk[:, :, :hq] * self.scaling).view(u, s, hk, g, dh).permute(2, 0, 1, 3, 4)  # (KVH, U, S, g, D)
-            scores = q @ slot_k[:, :, :, : p + t + 1].transpose(-1, -2)  # (KVH, U, S, g, P + t + 1)
+            scores = q @ slot_k[:, :, :, : p + t + 1].transpose(-1, -2) + bias  # (KVH, U, S, g, P + t + 1)
             if c:
                 shared = (q.reshape(hk, u * s * g, dh) @ state.prefix_keys_t[i]).view(hk, u, s, g, c)
                 scores = torch.cat([shared, scores], dim=-1)
-            weights = torch.softmax(scores + bias, dim=-1)  # (KVH, U, S, g, C + P + t + 1)
+            weights = torch.softmax(scores, dim=-1)  # (KVH, U, S, g, C + P + t + 1)
             out = weights[..., c:] @ slot_v[:, :, :, : p + t + 1]  # (KVH, U, S, g, D)
-            if c:
-                out = out + (weights[..., :c].reshape(hk, u * s * g, c) @ state.prefix_values[i]).view(hk, u, s, g, dh)
+            if c:  # as (D, C) @ (C, U S g): a product with D = 8 output columns runs at a third of the speed
+                shared = state.prefix_values_t[i] @ weights[..., :c].reshape(hk, u * s * g, c).transpose(-1, -2)
+                out = out + shared.transpose(-1, -2).view(hk, u, s, g, dh)
             x = x + _linear(out.permute(1, 2, 0, 3, 4).reshape(u * s, hq * dh), layer.o_t, layer.o_bias)
             x = self._mlp_residual(x, layer)
         return F.rms_norm(x, (self.hidden,), self.final_norm, self.eps) @ self.lm_head_t  # (B, V)
@@ -313,12 +314,12 @@ class _DecodeState:
     prefix_len: int  # C, the prefix shared by all prompts (0: none)
     prompt_width: int  # P, the rest of each prompt, left-padded
     prefix_keys_t: list[torch.Tensor]  # per layer (KVH, D, C)
-    prefix_values: list[torch.Tensor]  # per layer (KVH, C, D)
+    prefix_values_t: list[torch.Tensor]  # per layer (KVH, D, C)
     # per layer (KVH, U, S, P + G, D): the rest of the slot's prompt (copied per sample: ~20 tokens, one matmul less
     # a layer than a third attention part), then column P + t written at step t
     slot_keys: list[torch.Tensor]
     slot_values: list[torch.Tensor]
-    bias: torch.Tensor  # (1, U, 1, 1, C + P + G) 0 where attended, a large negative on prompt pads
+    bias: torch.Tensor  # (1, U, 1, 1, P + G) of the slots' own keys: 0 where attended, a large negative on pads
     cos: torch.Tensor  # (U, G, 1, 1, D) RoPE of each step's position (prompt length + t)
     sin_signed: torch.Tensor  # (U, G, 1, 1, D)
 
@@ -326,8 +327,8 @@ class _DecodeState:
     def build(cls, dec: FastDecoder, prefix, keys, values, pad_mask: torch.Tensor, samples: int, steps: int):
         u, p = pad_mask.shape
         c = prefix[0][0].shape[1] if prefix else 0
-        bias = torch.zeros(1, u, 1, 1, c + p + steps, device=pad_mask.device)
-        bias[..., c : c + p].masked_fill_(~pad_mask[None, :, None, None], torch.finfo(torch.float32).min)
+        bias = torch.zeros(1, u, 1, 1, p + steps, device=pad_mask.device)
+        bias[..., :p].masked_fill_(~pad_mask[None, :, None, None], torch.finfo(torch.float32).min)
         positions = c + pad_mask.sum(-1, keepdim=True) + torch.arange(steps, device=pad_mask.device)  # (U, G)
         slot_keys, slot_values = [], []
         for k, v in zip(keys, values):  # (KVH, U, P, D) each
@@ -337,7 +338,7 @@ class _DecodeState:
                 out.append(buf)
         return cls(prompts=u, samples=samples, prefix_len=c, prompt_width=p,
                    prefix_keys_t=[k.transpose(-1, -2).contiguous() for k, _ in prefix or []],
-                   prefix_values=[v for _, v in prefix or []], slot_keys=slot_keys, slot_values=slot_values,
+                   prefix_values_t=[v.transpose(-1, -2).contiguous() for _, v in prefix or []], slot_keys=slot_keys, slot_values=slot_values,
                    bias=bias, cos=dec.cos[positions][:, :, None, None],
                    sin_signed=dec.sin_signed[positions][:, :, None, None])
 
