@@ -1,8 +1,9 @@
 """Env worker: runs the environment's agent against a rollout proxy and scores it with its reward.
 
 An async actor (many episodes at once, `max_concurrency`), CPU only, restarted by Ray if its process dies.
-Each episode gets a session id; the proxy records the episode's turns under it, and the worker pops them
-when the agent returns, so the learner trains on the exact tokens sampled. An agent that raises or runs
+The driver hands it episodes in batches (`run_episodes`: one Ray call for a worker's share of a wave). Each
+episode gets a session id; the proxy records the episode's turns under it, and the worker pops them (one call
+for the batch) when the batch's agents have returned, so the learner trains on the exact tokens sampled. An agent that raises or runs
 past its timeout, or a reward that raises, hangs, or returns something that is not a finite number, marks
 the trajectory failed with the reason: counted in metrics, excluded from advantages, never scored 0.
 Popping ends the session's life in the proxy: a request the agent left in flight (a timeout) is dropped
@@ -20,8 +21,8 @@ with it the episode (issue #30). Nothing else is retried (an HTTP error status, 
 have sampled and recorded that turn. The openai client's own retries stay off (`max_retries=0`), as they would
 also resend after 5xx answers and timeouts.
 
-Returns are `(Trajectory, TrajectorySummary)` (Ray `num_returns=2`): the driver reads the summary and hands
-the trajectory's ObjectRef to the learner untouched.
+Returns are a trajectory and its summary per episode (Ray `num_returns=2` per episode, each its own object): the
+driver reads the summaries and hands the trajectories' ObjectRefs to the learner untouched.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ RETRY_BACKOFF_S = (0.05, 0.25)
 
 class EnvWorker:
     def __init__(self, agent_spec: str | None = None, reward_spec: str | None = None, *, env_name: str = DEFAULT_ENV,
-                 agent_timeout_s: float, reward_timeout_s: float) -> None:
+                 agent_timeout_s: float, reward_timeout_s: float, max_concurrency: int = 64) -> None:
         # the environment by name (a worker resolves it itself: a user's file cannot travel pickled by reference),
         # with the old agent/reward plug-ins laid over it (rlsys/envs/base.py)
         env = resolve_environment(env_name, agent_spec, reward_spec)
@@ -50,6 +51,7 @@ class EnvWorker:
         self.episode_metrics = env.episode_metrics
         self.agent_timeout_s = agent_timeout_s
         self.reward_timeout_s = reward_timeout_s
+        self._slots = asyncio.Semaphore(max_concurrency)  # agents running at once, over all calls
         self._clients: dict[tuple[str, str], Any] = {}
         self._tokenizers: dict[str, Any] = {}
         # here, while the engines build, not in the first episode: the imports (~1 s here) and the client's lazily
@@ -74,22 +76,51 @@ class EnvWorker:
         return openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0, http_client=self._clients[key],
                                   default_headers={SESSION_HEADER: session_id, ATTEMPT_HEADER: attempt})
 
+    async def run_episodes(self, proxy: dict[str, Any], episodes: list[tuple[dict[str, Any], int, int, str]]
+                           ) -> list[Trajectory | TrajectorySummary]:
+        """Episodes ``(item, group, sample, session_id)`` against one rollout actor's proxy (``proxy`` = {"url",
+        "token", "model", "actor"}), in one Ray call: the agents run concurrently (at most ``max_concurrency`` of
+        this worker's at once), their sessions are popped in one call to the rollout actor once all have returned,
+        then each is scored. Returns trajectory, summary, trajectory, summary, ... in ``episodes``' order (Ray
+        ``num_returns=2 * len(episodes)``).
+
+        Why one call for many: each Ray call costs ~0.5 ms of CPU on either side, and a step of the CPU main job
+        made 128 of them (an episode, then its pop) for 64 episodes of ~4 ms of real work; the batched calls
+        are docs/performance.md, section 6."""
+        runs = await asyncio.gather(*[self._agent_run(proxy, item, group, sample, session_id)
+                                      for item, group, sample, session_id in episodes])
+        records = await proxy["actor"].pop_sessions.remote([(sid, attempt) for (*_, sid), (_, attempt, _) in
+                                                           zip(episodes, runs)])
+        await asyncio.gather(*[self._finish(traj, item, output, record)
+                               for (item, *_), (traj, _, output), record in zip(episodes, runs, records)])
+        return [x for traj, _, _ in runs for x in (traj, TrajectorySummary.of(traj))]
+
     async def run_episode(self, proxy: dict[str, Any], item: dict[str, Any], group: int, sample: int,
                           session_id: str) -> tuple[Trajectory, TrajectorySummary]:
-        """One agent episode + reward. ``proxy`` = {"url", "token", "model", "actor"} of a rollout actor."""
+        """One agent episode + reward (``run_episodes`` of one)."""
+        traj, summary = await self.run_episodes(proxy, [(item, group, sample, session_id)])
+        return traj, summary
+
+    async def _agent_run(self, proxy: dict[str, Any], item: dict[str, Any], group: int, sample: int,
+                         session_id: str) -> tuple[Trajectory, str, Any]:
+        """The agent's part of an episode: (trajectory, the attempt token of its requests, the agent's output)."""
         traj = Trajectory(item_id=str(item.get("id", "")), group=group, sample=sample)
         # a retry after this worker died mid-episode must not inherit the dead attempt's recorded turns
         attempt = secrets.token_hex(8)
-        client = self._client(proxy["url"], proxy["token"], session_id, attempt)
         output: Any = None
-        try:
-            output = await asyncio.wait_for(self.agent(item, client, proxy["model"]), self.agent_timeout_s)
-        except asyncio.TimeoutError:
-            _fail(traj, f"agent_timeout: no result after {self.agent_timeout_s:g} s")
-        except Exception as err:  # the user's agent raised: the reason goes into metrics and the log
-            _fail(traj, f"agent_error: {_describe(err)}")
+        async with self._slots:
+            client = self._client(proxy["url"], proxy["token"], session_id, attempt)
+            try:
+                output = await asyncio.wait_for(self.agent(item, client, proxy["model"]), self.agent_timeout_s)
+            except asyncio.TimeoutError:
+                _fail(traj, f"agent_timeout: no result after {self.agent_timeout_s:g} s")
+            except Exception as err:  # the user's agent raised: the reason goes into metrics and the log
+                _fail(traj, f"agent_error: {_describe(err)}")
         traj.info["output"] = output  # what the reward saw: kept for eval tables and debugging
-        record = await proxy["actor"].pop_session.remote(session_id, attempt)
+        return traj, attempt, output
+
+    async def _finish(self, traj: Trajectory, item: dict[str, Any], output: Any, record: Any) -> None:
+        """The session's recorded turns into the trajectory, then the reward."""
         traj.segments = record.segments
         traj.num_turns = record.num_turns
         traj.segment_breaks = record.segment_breaks
@@ -100,7 +131,6 @@ class EnvWorker:
             await self._score(traj, item, output)
         if not traj.failed and traj.num_turns == 0:
             _fail(traj, "no_turns: the agent returned without calling the model through the proxy")
-        return traj, TrajectorySummary.of(traj)
 
     async def _score(self, traj: Trajectory, item: dict[str, Any], output: Any) -> None:
         record = {"item": item, "output": output}
@@ -127,21 +157,32 @@ class EnvWorker:
             except Exception as err:  # as for the labeller: the reward stands, the metrics are dropped
                 traj.info["episode_metrics_error"] = _describe(err)
 
-    def sft_example(self, item: dict[str, Any], group: int, sample: int, model_path: str
-                    ) -> tuple[Trajectory, TrajectorySummary]:
-        """An SFT chat rendered by the model's chat template: the "episode" of `--algo sft`."""
+    def sft_examples(self, episodes: list[tuple[dict[str, Any], int, int]], model_path: str
+                     ) -> list[Trajectory | TrajectorySummary]:
+        """SFT chats ``(item, group, sample)`` rendered by the model's chat template, the "episodes" of `--algo
+        sft`: trajectory, summary, ... as ``run_episodes`` returns them."""
         from rlsys.sft import render_chat
 
         if model_path not in self._tokenizers:
             from transformers import AutoTokenizer
 
             self._tokenizers[model_path] = AutoTokenizer.from_pretrained(model_path)
-        traj = Trajectory(item_id=str(item.get("id", "")), group=group, sample=sample, outcome="sft", num_turns=1)
-        try:
-            traj.segments = [render_chat(self._tokenizers[model_path], item.get("messages"), item.get("tools"))]
-        except Exception as err:  # a malformed chat fails alone, with its reason
-            _fail(traj, f"sft_item_error: item {traj.item_id!r}: {_describe(err)}")
-        return traj, TrajectorySummary.of(traj)
+        out: list[Trajectory | TrajectorySummary] = []
+        for item, group, sample in episodes:
+            traj = Trajectory(item_id=str(item.get("id", "")), group=group, sample=sample, outcome="sft",
+                              num_turns=1)
+            try:
+                traj.segments = [render_chat(self._tokenizers[model_path], item.get("messages"), item.get("tools"))]
+            except Exception as err:  # a malformed chat fails alone, with its reason
+                _fail(traj, f"sft_item_error: item {traj.item_id!r}: {_describe(err)}")
+            out += [traj, TrajectorySummary.of(traj)]
+        return out
+
+    async def close(self) -> None:
+        """Close the agents' HTTP clients (their aiohttp sessions warn when collected open)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
 
     def pid(self) -> int:
         return os.getpid()

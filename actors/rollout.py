@@ -230,6 +230,10 @@ class RolloutWorker:
     async def pop_session(self, session_id: str, attempt: str | None = None) -> SessionRecord:
         return self.recorder.pop(session_id, attempt)
 
+    async def pop_sessions(self, sessions: list[tuple[str, str | None]]) -> list[SessionRecord]:
+        """``pop_session`` of each (session id, attempt): an env worker's episodes of one call, popped at once."""
+        return [self.recorder.pop(session_id, attempt) for session_id, attempt in sessions]
+
     async def sleep(self, level: int) -> dict[str, float]:
         """Sleep the engine (level 0: stay awake, `rollout.keep_awake`); returns what it did since the last
         sleep (generation seconds, tokens) and, on a GPU, the device's memory in use right before (the rollout

@@ -20,7 +20,8 @@ each); the server process's CPU seconds per request (`time.process_time`). `--ht
 measure the proxy without httptools and without its render cache. CPU only, no Ray.
 
 `cpu-decode`: the CPU engine's generate on the main job's rollout (configs/tictactoe-tiny-gspo.toml: 8 items x 8
-samples, its environment's first requests, its temperature/top-p/max_new_tokens, the tiny model), with the
+samples, its environment's first requests, its temperature/top-p/max_new_tokens, the main recipe's model shape
+`rlsys:tiny-h16` with random weights), with the
 transformers loop (old) and rlsys/engines/cpu_decode.py (new) alternating; tokens/s of both, the ratio, and how many
 answers are equal.
 
@@ -507,7 +508,7 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from actors.rollout import RolloutWorker, resolve_engine_kind
-    from jobs.episodes import run_episodes
+    from jobs.episodes import agent_calls, run_episodes
     from jobs.items import load_items
     from jobs.placement import engine_settings, gpu_actor_env, make_env_workers
     from jobs.session import init_ray
@@ -544,8 +545,8 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
 
         def agent_path(workers: list[Any], tag: str) -> tuple[dict[str, float], list[Any]]:
             t = time.perf_counter()
-            refs, summaries = run_episodes(workers, [proxy], items, r.n_samples, lambda w, p, item, g, s: (
-                w.run_episode.options(num_returns=2).remote(p, item, g, s, f"bench-{tag}-item{g}-sample{s}")))
+            refs, summaries = run_episodes(workers, [proxy], items, r.n_samples,
+                                           agent_calls(lambda g, s: f"bench-{tag}-item{g}-sample{s}"))
             wall = time.perf_counter() - t
             failed = [s.fail_reason for s in summaries if s.failed]
             return {"tokens": float(sum(s.response_len for s in summaries)), "wall_s": wall,
@@ -837,7 +838,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("runs", nargs="+", metavar="NAME=FILE.json", help="bench step JSONs; the first is the baseline")
     dec = sub.add_parser("cpu-decode", help="the CPU engine's decode loops, old vs new, on the main job's rollout")
     dec.add_argument("--config", default="configs/tictactoe-tiny-gspo.toml", help="rollout shape and sampling")
-    dec.add_argument("--model", default="rlsys:tiny", help="any model.ckpt value")
+    dec.add_argument("--model", default="rlsys:tiny-h16",
+                     help="any model.ckpt value (default: the main recipe's shape, configs/tictactoe-tiny-sft.toml)")
     dec.add_argument("--rounds", type=int, default=5, help="timed (old, new) pairs after a warm-up")
     dec.add_argument("--boards", type=int, help="prompts (default: the config's rollout.batch_size)")
     dec.add_argument("--samples", type=int, help="answers per prompt (default: rollout.n_samples)")

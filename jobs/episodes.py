@@ -6,7 +6,7 @@ Training (`Job.rollout`), the training job's evaluations and `rlsys eval` all su
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -21,18 +21,41 @@ def with_variants(items: list[dict[str, Any]], variants: list[str],
     return [(v, item) for v in variants for item in (items if v == DEFAULT_VARIANT else perturbations[v](items))]
 
 
+EPISODES_PER_CALL = 64  # a worker's episodes travel in Ray calls of at most this many (the progress bar's unit)
+
+
+def agent_calls(session_id: Callable[[int, int], str]) -> Callable[..., list[tuple[Any, Any]]]:
+    """``run_episodes``' ``submit`` for agent episodes: one `EnvWorker.run_episodes` call for a batch, episode
+    (g, s) under the session id ``session_id(g, s)``."""
+    def submit(worker: Any, proxy: dict[str, Any], episodes: list[tuple[dict[str, Any], int, int]]):
+        refs = worker.run_episodes.options(num_returns=2 * len(episodes)).remote(
+            proxy, [(item, g, s, session_id(g, s)) for item, g, s in episodes])
+        return list(zip(refs[0::2], refs[1::2]))
+
+    return submit
+
+
+def sft_calls(model_path: str) -> Callable[..., list[tuple[Any, Any]]]:
+    """``run_episodes``' ``submit`` for SFT examples (`EnvWorker.sft_examples`, rendered, not sampled)."""
+    def submit(worker: Any, proxy: dict[str, Any], episodes: list[tuple[dict[str, Any], int, int]]):
+        refs = worker.sft_examples.options(num_returns=2 * len(episodes)).remote(episodes, model_path)
+        return list(zip(refs[0::2], refs[1::2]))
+
+    return submit
+
+
 def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: list[dict[str, Any]], n: int,
                  submit, progress: bool = False, desc: str = "rollout", first_group: int = 0,
                  generates: bool = True) -> tuple[list[Any], list[TrajectorySummary]]:
-    """``n`` episodes of every item on the env workers: ``submit(worker, proxy, item, group, sample)`` returns
-    the (trajectory, summary) refs of one; item i is group ``first_group + i``. Returns the trajectory refs and
-    the summaries, in item-major order. ``generates``: the episodes call the engines (False: SFT examples, which
-    are rendered, not sampled, so no wave is announced).
+    """``n`` episodes of every item on the env workers: ``submit(worker, proxy, episodes)`` starts a list of
+    (item, group, sample) on one worker (`agent_calls`, `sft_calls`) and returns their (trajectory, summary) refs;
+    item i is group ``first_group + i``. Returns the trajectory refs and the summaries, in item-major order.
+    ``generates``: the episodes call the engines (False: SFT examples, which are rendered, not sampled, so no
+    wave is announced).
 
-    Engines take episodes in turn (all are submitted at once, so turn order = least loaded), each on an env
-    worker on its engine's node (worker i serves engine i mod E). An episode whose worker died twice comes
-    back as a failed trajectory (`worker_died`), never as a hole."""
-    traj_refs, summary_refs, keys = [], [], []
+    Engines take episodes in turn, each on an env worker on its engine's node (worker i serves engine i mod E),
+    and each worker gets its share in calls of at most ``EPISODES_PER_CALL`` episodes. An episode whose
+    worker died twice comes back as a failed trajectory (`worker_died`), never as a hole."""
     engines = len(proxies)
     local_workers = [env_workers[e::engines] for e in range(engines)]
     # each engine hears how many episodes (first requests) come its way, before they do: the CPU engine batches
@@ -41,16 +64,19 @@ def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: l
     if generates:
         ray.get([p["actor"].expect.remote(total // engines + (e < total % engines))
                  for e, p in enumerate(proxies) if p.get("actor") is not None])
-    k = 0
-    for g, item in enumerate(items, first_group):
-        for s in range(n):
-            e = k % engines
-            worker = local_workers[e][(k // engines) % len(local_workers[e])]
-            t_ref, s_ref = submit(worker, proxies[e], item, g, s)
-            traj_refs.append(t_ref)
-            summary_refs.append(s_ref)
-            keys.append((item, g, s))
-            k += 1
+    keys = [(item, g, s) for g, item in enumerate(items, first_group) for s in range(n)]
+    shares: dict[tuple[int, int], list[int]] = {}  # (engine, worker) -> episode indices
+    for k in range(total):
+        e = k % engines
+        shares.setdefault((e, (k // engines) % len(local_workers[e])), []).append(k)
+    traj_refs: list[Any] = [None] * total
+    summary_refs: list[Any] = [None] * total
+    for (e, w), share in shares.items():
+        for c in range(0, len(share), EPISODES_PER_CALL):
+            chunk = share[c:c + EPISODES_PER_CALL]
+            for k, (t_ref, s_ref) in zip(chunk, submit(local_workers[e][w], proxies[e], [keys[k] for k in chunk]),
+                                         strict=True):
+                traj_refs[k], summary_refs[k] = t_ref, s_ref
     summaries = _gather(summary_refs, progress, desc)
     for i, summary in enumerate(summaries):
         if summary is None:

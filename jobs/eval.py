@@ -170,14 +170,13 @@ def evaluate_held_out(env_workers: list[Any], proxies: list[dict[str, Any]], ite
     ``proxies`` (the engines' temperature is the caller's to set), summed up per variant. Episode (g, s) runs with
     the seed `eval-<tag>-item<g>-sample<s>`, ``tag`` defaulting to the episode's variant. The one evaluation path
     of `rlsys eval` and of the training job's evaluations (`Job.evaluate`)."""
-    from jobs.episodes import run_episodes, with_variants
+    from jobs.episodes import agent_calls, run_episodes, with_variants
     from rlsys.metrics import rollout_metrics
 
     episodes = with_variants(items, variants, env.perturbations)
     traj_refs, summaries = run_episodes(
         env_workers, proxies, [item for _, item in episodes], samples,
-        lambda w, p, item, g, s: w.run_episode.options(num_returns=2).remote(
-            p, item, g, s, f"eval-{episodes[g][0] if tag is None else tag}-item{g}-sample{s}"),
+        agent_calls(lambda g, s: f"eval-{episodes[g][0] if tag is None else tag}-item{g}-sample{s}"),
         progress=progress, desc="eval")
     results = {}
     for v in variants:

@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from jobs.engine_group import EngineGroup, choose_sleep_level
-from jobs.episodes import DEFAULT_VARIANT, run_episodes
+from jobs.episodes import DEFAULT_VARIANT, agent_calls, run_episodes, sft_calls
 from jobs.eval import collect_examples, eval_variants, evaluate_held_out
 from jobs.items import preflight
 from jobs.session import import_meanwhile, init_ray, job_namespace, wait_for_stale_actors
@@ -183,10 +183,9 @@ class Job:
 
         For `--algo sft` an episode is an SFT chat rendered by the model's template, not an agent run."""
         if self.cfg.algo.name == "sft":
-            return self._episodes(items, 1, lambda w, p, item, g, s: w.sft_example.options(num_returns=2).remote(
-                item, g, s, self.model_path), first_group, generates=False)
-        return self._episodes(items, self.cfg.rollout.n_samples, lambda w, p, item, g, s: w.run_episode.options(
-            num_returns=2).remote(p, item, g, s, f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"), first_group)
+            return self._episodes(items, 1, sft_calls(self.model_path), first_group, generates=False)
+        return self._episodes(items, self.cfg.rollout.n_samples, agent_calls(
+            lambda g, s: f"seed{self.cfg.seed}-step{step}-item{g}-sample{s}"), first_group)
 
     def evaluate(self, tag: str, examples_path: Path | None = None) -> dict[str, float]:
         """Held-out episodes at `eval.temperature` (greedy by default) through `rlsys eval`'s path

@@ -106,7 +106,7 @@ def make_env_workers(env: EnvConfig, nodes: list[str | None], name: str = "env",
             name=f"{name}-{i}", num_cpus=0, max_restarts=-1, max_task_retries=retries,
             max_concurrency=env.max_concurrency, **where, **options).remote(
             env.agent_fn, env.reward_fn_path, env_name=env.name, agent_timeout_s=env.agent_timeout_s,
-            reward_timeout_s=env.reward_timeout_s))
+            reward_timeout_s=env.reward_timeout_s, max_concurrency=env.max_concurrency))
     return workers
 
 

@@ -307,13 +307,15 @@ def test_env_worker_timing_out_an_agent_with_a_request_in_flight_leaves_no_orpha
         engine.gate = asyncio.Event()
         async with ProxyServer(app) as server:
             proxy = {"url": server.url, "token": TOKEN, "model": MODEL,
-                     "actor": type("Actor", (), {"pop_session": _RemoteMethod(recorder.pop)})()}
+                     "actor": type("Actor", (), {"pop_sessions": _RemoteMethod(
+                         lambda sessions: [recorder.pop(*session) for session in sessions])})()}
             traj, summary = await worker.run_episode(proxy, {"id": "i"}, 0, 0, "episode-0")
             engine.gate.set()  # the engine finishes the abandoned request after the pop
             for _ in range(500):
                 if recorder.stats["late_turns"]:
                     break
                 await asyncio.sleep(0.01)
+        await worker.close()
         return traj, summary
 
     traj, summary = asyncio.run(main())
@@ -321,6 +323,63 @@ def test_env_worker_timing_out_an_agent_with_a_request_in_flight_leaves_no_orpha
     assert (summary.prompt_from_ids, summary.re_rendered) == (0, 0)
     stats = recorder.stats
     assert stats["late_turns"] == 1 and stats["live_sessions"] == 0 and "episode-0" not in recorder
+
+
+_RUNNING = {"now": 0, "most": 0}
+
+
+async def counting_agent(item: dict, client: Any, model: str) -> dict:
+    """Env-worker plug-in: one request; counts the agents of this process running at once."""
+    _RUNNING["now"] += 1
+    _RUNNING["most"] = max(_RUNNING["most"], _RUNNING["now"])
+    try:
+        await asyncio.sleep(0.02)  # every agent of the batch is started before any finishes
+        response = await client.chat.completions.create(model=model, messages=BOARD)
+        return {"content": response.choices[0].message.content, "item": item["id"]}
+    finally:
+        _RUNNING["now"] -= 1
+
+
+def item_reward(record: dict) -> float:
+    return float(record["item"]["id"].removeprefix("b"))
+
+
+def test_env_worker_runs_a_batch_of_episodes_in_order_within_its_concurrency_and_pops_them_in_one_call(tokenizer):
+    from actors.env_worker import EnvWorker
+
+    recorder = SessionRecorder()
+    engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)], repeat_last=True)
+    app = create_app(engine, tokenizer, api_token=TOKEN, model_name=MODEL, recorder=recorder,
+                     sampling_defaults=SamplingParams(max_new_tokens=8))
+    worker = EnvWorker(f"{__file__}:counting_agent", f"{__file__}:item_reward", agent_timeout_s=10.0,
+                       reward_timeout_s=5.0, max_concurrency=3)
+    pops = []
+
+    def pop_sessions(sessions):
+        pops.append([sid for sid, _ in sessions])
+        return [recorder.pop(*session) for session in sessions]
+
+    episodes = [({"id": f"b{g}"}, g, s, f"episode-{g}-{s}") for g in range(4) for s in range(2)]
+
+    async def main():
+        async with ProxyServer(app) as server:
+            proxy = {"url": server.url, "token": TOKEN, "model": MODEL,
+                     "actor": type("Actor", (), {"pop_sessions": _RemoteMethod(pop_sessions)})()}
+            try:
+                return await worker.run_episodes(proxy, episodes)
+            finally:
+                await worker.close()
+
+    out = asyncio.run(main())
+    running = worker.agent.__globals__["_RUNNING"]  # the plug-in file is loaded as a module of its own
+    trajs, summaries = out[0::2], out[1::2]
+    assert [(t.group, t.sample) for t in trajs] == [(g, s) for _, g, s, _ in episodes]
+    assert [(x.group, x.sample) for x in summaries] == [(g, s) for _, g, s, _ in episodes]
+    assert [t.reward for t in trajs] == [float(g) for _, g, _, _ in episodes]  # each scored on its own item
+    assert all(not t.failed and t.num_turns == 1 and t.info["output"]["content"] == "Hi." for t in trajs)
+    assert pops == [[sid for *_, sid in episodes]], "the batch's sessions were not popped in one call"
+    assert running["most"] == 3, f"max_concurrency=3, but {running['most']} agents ran at once"
+    assert recorder.stats["live_sessions"] == 0
 
 
 # ---- the real tiny model ----------------------------------------------------------------------------
