@@ -3,9 +3,10 @@
 An async actor (many episodes at once, `max_concurrency`), CPU only, restarted by Ray if its process dies.
 The driver hands it episodes in batches (`run_episodes`: one Ray call for a worker's share of a wave). Each
 episode gets a session id; the proxy records the episode's turns under it, and the worker pops them (one call
-for the batch) when the batch's agents have returned, so the learner trains on the exact tokens sampled. An agent that raises or runs
-past its timeout, or a reward that raises, hangs, or returns something that is not a finite number, marks
-the trajectory failed with the reason: counted in metrics, excluded from advantages, never scored 0.
+for the batch) when the batch's agents have returned, so the learner trains on the exact tokens sampled. An
+agent that raises or runs past its timeout, or a reward that raises, hangs, or returns something that is not a
+finite number, marks the trajectory failed with the reason: counted in metrics, excluded from advantages, never
+scored 0.
 Popping ends the session's life in the proxy: a request the agent left in flight (a timeout) is dropped
 when it completes and counted in the proxy's `late_turns`, instead of leaving an orphan session. Every run
 of an episode tags its requests with a fresh attempt token (`X-Rlsys-Attempt`), so a retry after a worker
@@ -84,9 +85,8 @@ class EnvWorker:
         then each is scored. Returns trajectory, summary, trajectory, summary, ... in ``episodes``' order (Ray
         ``num_returns=2 * len(episodes)``).
 
-        Why one call for many: each Ray call costs ~0.5 ms of CPU on either side, and a step of the CPU main job
-        made 128 of them (an episode, then its pop) for 64 episodes of ~4 ms of real work; the batched calls
-        are docs/performance.md, section 6."""
+        Why one call for many: a step of the CPU main job made 128 Ray calls (an episode, then its pop) for 64
+        episodes, and 64 calls cost ~30 ms of its ~270 ms rollout (docs/performance.md, section 6)."""
         runs = await asyncio.gather(*[self._agent_run(proxy, item, group, sample, session_id)
                                       for item, group, sample, session_id in episodes])
         records = await proxy["actor"].pop_sessions.remote([(sid, attempt) for (*_, sid), (_, attempt, _) in

@@ -28,9 +28,8 @@ def agent_calls(session_id: Callable[[int, int], str]) -> Callable[..., list[tup
     """``run_episodes``' ``submit`` for agent episodes: one `EnvWorker.run_episodes` call for a batch, episode
     (g, s) under the session id ``session_id(g, s)``."""
     def submit(worker: Any, proxy: dict[str, Any], episodes: list[tuple[dict[str, Any], int, int]]):
-        refs = worker.run_episodes.options(num_returns=2 * len(episodes)).remote(
-            proxy, [(item, g, s, session_id(g, s)) for item, g, s in episodes])
-        return list(zip(refs[0::2], refs[1::2]))
+        return _pairs(worker.run_episodes.options(num_returns=2 * len(episodes)).remote(
+            proxy, [(item, g, s, session_id(g, s)) for item, g, s in episodes]))
 
     return submit
 
@@ -38,10 +37,14 @@ def agent_calls(session_id: Callable[[int, int], str]) -> Callable[..., list[tup
 def sft_calls(model_path: str) -> Callable[..., list[tuple[Any, Any]]]:
     """``run_episodes``' ``submit`` for SFT examples (`EnvWorker.sft_examples`, rendered, not sampled)."""
     def submit(worker: Any, proxy: dict[str, Any], episodes: list[tuple[dict[str, Any], int, int]]):
-        refs = worker.sft_examples.options(num_returns=2 * len(episodes)).remote(episodes, model_path)
-        return list(zip(refs[0::2], refs[1::2]))
+        return _pairs(worker.sft_examples.options(num_returns=2 * len(episodes)).remote(episodes, model_path))
 
     return submit
+
+
+def _pairs(refs: list[Any]) -> list[tuple[Any, Any]]:
+    """A batch call's returns (trajectory, summary, trajectory, ...) as (trajectory, summary) pairs."""
+    return list(zip(refs[0::2], refs[1::2]))
 
 
 def run_episodes(env_workers: list[Any], proxies: list[dict[str, Any]], items: list[dict[str, Any]], n: int,

@@ -53,6 +53,7 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
             evaluate(job, logger, 0, "start")
         last = job.start_step  # the step count when training stops: `max_steps`, or less in a time box
         ahead = RolloutAhead(job) if cfg.rollout.overlap else None  # the next step's rollout during this update
+        collapse = CollapseWatch(0 if cfg.algo.name == "sft" else cfg.algo.collapse_steps, cfg.algo.stop_on_collapse)
         for step in training_steps(job.start_step, cfg.max_steps, startup.t0, cfg.max_train_minutes):
             t0 = time.perf_counter()
             with timer("rollout"):  # batch_size boards; filtered and topped up under algo.dynamic_sampling
@@ -78,6 +79,7 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
             m["time/step"] = time.perf_counter() - t0
             sampling = m.get("time/rollout_sampling", m["time/rollout"])  # overlapped: its own time, not the wait
             m["perf/tokens_per_s"] = sum(s.response_len for s in summaries) / max(sampling, 1e-9)
+            collapsed = collapse.update(m)
             logger.log(step, m)
             print(console_line(step, cfg.max_steps, m), flush=True)
             for line in failure_lines(summaries):
@@ -91,6 +93,9 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
             last = step + 1
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.max_steps:
                 evaluate(job, logger, step + 1, f"step{step + 1}")
+            if collapsed:
+                print(f"rlsys: algo.stop_on_collapse: training stops after step {step + 1}", flush=True)
+                break
         if cfg.eval.at_end:
             evaluate(job, logger, last, "end")
         job.checkpoint(last, final=True, data_state=ahead.cursor() if ahead else None)
@@ -166,6 +171,30 @@ class RolloutAhead:
     def close(self) -> None:
         """Without waiting: a rollout still in flight (the update failed meanwhile) ends when the job's actors go."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class CollapseWatch:
+    """`algo.collapse_steps`: counts the steps in a row whose groups were all unanimous (`rollout/unanimous_streak`)
+    and says once, when the count reaches ``steps``, that the policy has collapsed; ``update`` is then True when
+    `algo.stop_on_collapse` asks training to end."""
+
+    def __init__(self, steps: int, stop: bool) -> None:
+        self.steps, self.stop, self.streak = steps, stop, 0
+
+    def update(self, m: dict[str, float]) -> bool:
+        """Count this step's metrics ``m`` (adds `rollout/unanimous_streak` to them); True: stop training."""
+        if not self.steps:
+            return False
+        self.streak = self.streak + 1 if m.get("rollout/zero_var_group_frac", 0.0) >= 1.0 else 0
+        m["rollout/unanimous_streak"] = float(self.streak)
+        if self.streak != self.steps:
+            return False
+        print(f"rlsys: WARNING the policy has collapsed: every group of the last {self.steps} steps was unanimous "
+              f"(entropy {m.get('train/entropy', float('nan')):.3g}), so no step had an advantage to learn from. "
+              "What keeps groups apart: algo.kl_coef (a penalty to the start), algo.positive_weight < 1, "
+              "algo.top_entropy_frac, a higher rollout.temperature, more rollout.n_samples; "
+              "algo.stop_on_collapse=true ends such a run here", flush=True)
+        return self.stop
 
 
 def training_steps(start: int, max_steps: int, started_at: float, max_minutes: float | None):

@@ -261,6 +261,15 @@ class AlgoConfig(_Section):
     """Under `dynamic_sampling` with `unanimous_baseline = "batch"`: up to this many of the step's unanimous groups
     (with a valid member, in sampling order) join the `rollout.batch_size` groups with signal. They were sampled
     anyway: no extra sampling, only learner time. Counted in `rollout/groups_unanimous_kept`."""
+    collapse_steps: int = Field(20, ge=0)
+    """GSPO/GRPO: the policy has collapsed when every group of a step is unanimous (`rollout/zero_var_group_frac`
+    1: every board answered with one reward, no advantage anywhere, nothing to learn) this many steps in a row; the
+    job then says so once, with the settings that keep groups apart. 0: never. `rollout/unanimous_streak` counts
+    the current run of such steps."""
+    stop_on_collapse: bool = False
+    """End training when the collapse above is declared (the end eval and the final checkpoint, as at
+    `max_steps`): a collapsed run trains on nothing, and under `dynamic_sampling` each of its steps still samples
+    `max_sample_rounds` rounds (5 s a step of the GPU recipe, 2026-12-05)."""
     top_entropy_frac: float | None = Field(None, gt=0.0, le=1.0)
     """GSPO/GRPO: the loss (policy term, KL penalty and entropy bonus alike) on the sampled tokens whose policy
     entropy is in the top fraction of each micro-batch's sampled tokens, the others masked out ("Beyond the 80/20

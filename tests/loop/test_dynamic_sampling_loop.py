@@ -81,6 +81,25 @@ def test_a_reward_that_never_differs_ends_at_the_cap_and_skips_the_update(ray_lo
     assert _cursor(run_dir, 1) == 4
 
 
+def test_a_collapsed_run_is_said_and_with_stop_on_collapse_ends_with_its_checkpoint(ray_local, tmp_path, capsys):
+    """`algo.collapse_steps`: every group unanimous (a constant reward) two steps in a row; the job warns, and with
+    `algo.stop_on_collapse` stops there instead of running to `max_steps`, keeping its final checkpoint."""
+    from jobs.train import run_training
+    from rlsys.metrics import read_metrics
+
+    cfg = job_config(tmp_path, "algo.collapse_steps=2", "algo.stop_on_collapse=true", max_steps="6",
+                     agent_fn=str(PLUGINS / "recording_agent.py"),
+                     reward_fn_path=f"{PLUGINS / 'settled_reward.py'}:constant")
+    run_dir = run_training(cfg)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["rollout/unanimous_streak"] for r in rows if "rollout/unanimous_streak" in r] == [1.0, 2.0]
+    out = capsys.readouterr().out
+    assert "WARNING the policy has collapsed: every group of the last 2 steps was unanimous" in out
+    assert "algo.stop_on_collapse: training stops after step 2" in out
+    assert (run_dir / "checkpoints" / "step_000002").is_dir()
+    assert not (run_dir / "checkpoints" / "step_000003").exists()
+
+
 def test_unanimous_groups_reach_the_learner_with_the_batch_baseline(ray_local, tmp_path):
     """`algo.unanimous_groups`: settled boards (every sample 0.5) pass the filter, up to 2 a step, and the learner
     gives them the batch baseline (the unsettled boards' rewards differ from 0.5, so it is not 0)."""

@@ -1,0 +1,48 @@
+"""`algo.collapse_steps` / `algo.stop_on_collapse`: the driver's count of steps whose groups were all unanimous
+(jobs/train.py `CollapseWatch`)."""
+from __future__ import annotations
+
+import pytest
+
+from jobs.train import CollapseWatch
+
+
+def steps(watch: CollapseWatch, fracs: list[float]) -> list[tuple[float, bool]]:
+    """(`rollout/unanimous_streak`, stop) after each step whose zero-variance fraction is in ``fracs``."""
+    out = []
+    for f in fracs:
+        m = {"rollout/zero_var_group_frac": f, "train/entropy": 0.003}
+        stop = watch.update(m)
+        out.append((m["rollout/unanimous_streak"], stop))
+    return out
+
+
+def test_the_streak_counts_all_unanimous_steps_in_a_row_and_a_step_with_signal_resets_it(capsys):
+    watch = CollapseWatch(3, stop=False)
+    got = steps(watch, [1.0, 1.0, 0.875, 1.0, 1.0, 1.0, 1.0])
+    assert [s for s, _ in got] == [1, 2, 0, 1, 2, 3, 4]
+    assert not any(stop for _, stop in got), "stop_on_collapse is off: the run goes on"
+    out = capsys.readouterr().out
+    assert out.count("WARNING the policy has collapsed") == 1, "said once, when the streak reaches 3"
+    assert "last 3 steps" in out and "algo.kl_coef" in out and "algo.stop_on_collapse=true" in out
+
+
+def test_stop_on_collapse_stops_at_the_step_the_streak_reaches_the_limit():
+    watch = CollapseWatch(2, stop=True)
+    assert [stop for _, stop in steps(watch, [1.0, 0.5, 1.0, 1.0])] == [False, False, False, True]
+
+
+def test_zero_steps_turn_the_watch_off():
+    watch = CollapseWatch(0, stop=True)
+    m = {"rollout/zero_var_group_frac": 1.0}
+    assert not any(watch.update(m) for _ in range(50)) and "rollout/unanimous_streak" not in m
+
+
+def test_the_config_fields():
+    from rlsys.config import ConfigError, load_config
+
+    cfg = load_config(overrides=["algo.collapse_steps=5", "algo.stop_on_collapse=true"])
+    assert (cfg.algo.collapse_steps, cfg.algo.stop_on_collapse) == (5, True)
+    assert load_config().algo.collapse_steps == 20 and not load_config().algo.stop_on_collapse
+    with pytest.raises(ConfigError, match="collapse_steps"):
+        load_config(overrides=["algo.collapse_steps=-1"])
