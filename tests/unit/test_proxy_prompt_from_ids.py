@@ -293,15 +293,22 @@ class _RemoteMethod:
         return self.fn(*args)
 
 
-def test_env_worker_timing_out_an_agent_with_a_request_in_flight_leaves_no_orphan_session(tokenizer):
+def _hi_proxy_and_worker(tokenizer, agent: str, reward: str, **worker_kwargs):
+    """A proxy app whose engine answers "Hi." to everything, its recorder and engine, and an env worker running
+    this file's ``agent`` and ``reward``."""
     from actors.env_worker import EnvWorker
 
     recorder = SessionRecorder()
     engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)], repeat_last=True)
     app = create_app(engine, tokenizer, api_token=TOKEN, model_name=MODEL, recorder=recorder,
                      sampling_defaults=SamplingParams(max_new_tokens=8))
-    worker = EnvWorker(f"{__file__}:one_request_agent", f"{__file__}:zero_reward", agent_timeout_s=1.0,
-                       reward_timeout_s=5.0)
+    worker = EnvWorker(f"{__file__}:{agent}", f"{__file__}:{reward}", reward_timeout_s=5.0, **worker_kwargs)
+    return app, recorder, engine, worker
+
+
+def test_env_worker_timing_out_an_agent_with_a_request_in_flight_leaves_no_orphan_session(tokenizer):
+    app, recorder, engine, worker = _hi_proxy_and_worker(tokenizer, "one_request_agent", "zero_reward",
+                                                         agent_timeout_s=1.0)
 
     async def main():
         engine.gate = asyncio.Event()
@@ -345,14 +352,8 @@ def item_reward(record: dict) -> float:
 
 
 def test_env_worker_runs_a_batch_of_episodes_in_order_within_its_concurrency_and_pops_them_in_one_call(tokenizer):
-    from actors.env_worker import EnvWorker
-
-    recorder = SessionRecorder()
-    engine = ScriptedEngine(tokenizer, [("Hi.", IM_END)], repeat_last=True)
-    app = create_app(engine, tokenizer, api_token=TOKEN, model_name=MODEL, recorder=recorder,
-                     sampling_defaults=SamplingParams(max_new_tokens=8))
-    worker = EnvWorker(f"{__file__}:counting_agent", f"{__file__}:item_reward", agent_timeout_s=10.0,
-                       reward_timeout_s=5.0, max_concurrency=3)
+    app, recorder, _, worker = _hi_proxy_and_worker(tokenizer, "counting_agent", "item_reward", agent_timeout_s=10.0,
+                                                    max_concurrency=3)
     pops = []
 
     def pop_sessions(sessions):
