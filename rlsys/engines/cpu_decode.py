@@ -338,7 +338,8 @@ class _DecodeState:
                 out.append(buf)
         return cls(prompts=u, samples=samples, prefix_len=c, prompt_width=p,
                    prefix_keys_t=[k.transpose(-1, -2).contiguous() for k, _ in prefix or []],
-                   prefix_values_t=[v.transpose(-1, -2).contiguous() for _, v in prefix or []], slot_keys=slot_keys, slot_values=slot_values,
+                   prefix_values_t=[v.transpose(-1, -2).contiguous() for _, v in prefix or []],
+                   slot_keys=slot_keys, slot_values=slot_values,
                    bias=bias, cos=dec.cos[positions][:, :, None, None],
                    sin_signed=dec.sin_signed[positions][:, :, None, None])
 
