@@ -95,12 +95,6 @@ class EnvWorker:
                                for (item, *_), (traj, _, output), record in zip(episodes, runs, records)])
         return [x for traj, _, _ in runs for x in (traj, TrajectorySummary.of(traj))]
 
-    async def run_episode(self, proxy: dict[str, Any], item: dict[str, Any], group: int, sample: int,
-                          session_id: str) -> tuple[Trajectory, TrajectorySummary]:
-        """One agent episode + reward (``run_episodes`` of one)."""
-        traj, summary = await self.run_episodes(proxy, [(item, group, sample, session_id)])
-        return traj, summary
-
     async def _agent_run(self, proxy: dict[str, Any], item: dict[str, Any], group: int, sample: int,
                          session_id: str) -> tuple[Trajectory, str, Any]:
         """The agent's part of an episode: (trajectory, the attempt token of its requests, the agent's output)."""

@@ -316,7 +316,7 @@ def test_env_worker_timing_out_an_agent_with_a_request_in_flight_leaves_no_orpha
             proxy = {"url": server.url, "token": TOKEN, "model": MODEL,
                      "actor": type("Actor", (), {"pop_sessions": _RemoteMethod(
                          lambda sessions: [recorder.pop(*session) for session in sessions])})()}
-            traj, summary = await worker.run_episode(proxy, {"id": "i"}, 0, 0, "episode-0")
+            traj, summary = await worker.run_episodes(proxy, [({"id": "i"}, 0, 0, "episode-0")])
             engine.gate.set()  # the engine finishes the abandoned request after the pop
             for _ in range(500):
                 if recorder.stats["late_turns"]:
