@@ -269,6 +269,7 @@ class Learner:
         weights: dict[str, float] = {}
         skipped = 0
         grad_norms = []
+        lr = self.scheduler.get_last_lr()[0]  # the lr an optimizer step takes now (the scheduler steps after it)
         for i, chunk in enumerate(chunks):
             stats = self._minibatch(chunk, logp_old, first=i == 0)
             gnorm = stats.pop("train/grad_norm")
@@ -277,6 +278,7 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 skipped += 1
             else:
+                lr = self.scheduler.get_last_lr()[0]
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -289,7 +291,7 @@ class Learner:
         out.update(adv_metrics)
         out["train/grad_norm"] = grad_norms[-1] if len(grad_norms) == 1 else sum(grad_norms) / len(grad_norms)
         out["train/skipped_steps"] = float(skipped)
-        out["train/lr"] = self.scheduler.get_last_lr()[0]
+        out["train/lr"] = lr  # the lr this batch's last step used, not the scheduler's next one
         out["train/num_sequences"] = float(len(rows))
         out["train/optimizer_steps"] = float(self.optimizer_steps)
         if self.prefix_sharing:
