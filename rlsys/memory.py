@@ -6,35 +6,63 @@ Pure Python (no torch, no Ray): the numbers come from the model's config.json sh
 the budget: the learner's torch allocator is capped with `torch.cuda.set_per_process_memory_fraction`, vLLM's
 `gpu_memory_utilization` is sized from the remainder (actors/learner.py, actors/rollout.py).
 
-What is counted (bytes; P = parameters, d = bytes of the weights' dtype, T = tokens of one micro-batch =
-`learner.mini_bs` x sequence length, or `learner.micro_batch_tokens`, V = vocabulary, h = hidden, i = intermediate,
-L = layers):
-- learner: weights P*w and gradients P*w (w = d, or 4 with `learner.fp32_master`), optimizer states (8-bit Adam:
-  2 bytes/param; torch AdamW: two states in the parameters' dtype, 2*P*w, i.e. 8 bytes/param in float32), the
+What is counted (bytes; P = parameters, d = bytes of the compute dtype, w = bytes of the learner's weights, V =
+vocabulary, h = hidden, q = heads x head_dim, i = intermediate, L = layers, r = LoRA rank):
+- learner, static: weights P*w and gradients P*w (w = d, or 4 with `learner.fp32_master`), optimizer states (8-bit
+  Adam: 2 bytes/param; torch AdamW: two states in the parameters' dtype, 2*P*w, i.e. 8 bytes/param in float32), the
   weight-push buffers P*d (the packer keeps a packed copy of every parameter, in the engine's dtype, for reuse,
-  rlsys/weights), activations (without gradient checkpointing
-  ~d*(18h + 3*kv_dim + 4i) per token per layer, the tensors autograd keeps for a Qwen2/Llama block with SDPA
-  attention (no T x T matrix; K/V repeated to all heads when there is a padding mask); with it, one
-  hidden state per token per layer plus one layer recomputed), logits (T*V*(d + 4 + 4 + d): the model's logits,
-  their float32 copy, and in backward the float32 gradient, its cast and the un-sliced gradient:
-  T*V*(3d + 8); `rlsys.algos.token_logprobs` is chunked and keeps no float32 softmax, two 256 MiB chunks of
-  working set), a fragmentation margin, and a CUDA context outside the allocator's cap; with `algo.kl_coef` the
-  frozen reference model's weights P*d (its no-grad forward runs before the policy's, so its logits are not on top
-  of the policy's peak), with `algo.entropy_coef` one more float32 T*V gradient (the entropy's, summed into the
-  logprobs');
-- with `learner.lora` (rank r, A = adapter parameters = L * sum over the targeted layers of r*(in + out)): the
-  learner's weights are the frozen base P*d (with `base_4bit`, the blocks' linear layers at NF4's ~0.52
-  bytes/param and the rest P*d), gradients and optimizer states cover only the adapters, in float32 (peft's dtype
-  for them), the push buffers only the adapters in d; activations add, per token and layer, every targeted layer's
-  input cast to float32 and its r-wide float32 intermediate (peft's LoRA forward); no KL reference copy (the base with
-  the adapters off is the reference); the engine adds the kept base copy of the targeted layers (rlsys/lora.py
-  `LoraMerge`: their out*in parameters per layer, d bytes each);
+  rlsys/weights); with `algo.kl_coef` the frozen reference model's weights P*d (its no-grad forward runs before the
+  policy's, so its logits are not on top of the policy's peak);
+- learner, one micro-batch (`MicroBatch`, the largest the settings allow, every answer at its longest): the positions
+  it runs through the decoder blocks, through the LM head, the key/value positions attention keeps beyond the
+  queries' own, and the attention masks' entries. Without prefix sharing (or with the prompt length unknown) a
+  micro-batch is `learner.mini_bs` rows of `seq_len`, or `learner.micro_batch_tokens` padded positions (rows x
+  longest row; a longer row runs alone), every position through the decoder and the LM head (B x T x V logits).
+  With `learner.prefix_sharing` (rlsys/prefix.py: GSPO/GRPO, a known prompt length, `rollout.n_samples` >= 2, no
+  gradient checkpointing, full-attention layers) the rows of a group share their prompt: per micro-batch of R rows
+  (R = mini_bs, or micro_batch_tokens // (prompt + answer)) each group present runs its prompt minus its last token
+  once through the decoder only (no LM head), and each row its suffix (the prompt's last token and the answer) on
+  that KV cache, decoder and LM head over the suffix positions only; the suffix rows' attention keeps the cached
+  prefix's keys and values too. A micro-batch cut inside a group holds part of it: every start within a group is
+  tried and the costliest layout counted (a part of one row has no one to share with and runs the plain path,
+  prompt through the LM head too). Groups are taken whole (`n_samples` rows); shorter prompts than
+  `prompt_tokens` fit a few more rows into a token budget (not counted).
+- activations, per decoder position and layer, what autograd keeps for backward. Full fine-tuning: ~d*(18h +
+  3*kv_dim + 4i), a Qwen2/Llama block's tensors with SDPA attention (no T x T matrix; K/V repeated to all heads when
+  there is a padding mask). LoRA (`learner.lora`), counted tensor by tensor (checked with saved-tensor hooks on the
+  CPU against the plain and prefix-shared forwards: within 1% at Qwen 0.5B's widths; tests/unit/test_memory.py): a
+  frozen base Linear keeps no input (its weight needs no gradient; its backward needs only the weight), so what is
+  kept is: each RMSNorm's float32 copy
+  of its input and its rsqrt (2 x (4h + 4); the normalized bf16 output is not kept, its weight being frozen), the
+  attention's query, output and K/V repeated to all heads (4*d*q) and logsumexp (4 x heads), the MLP's gate,
+  SiLU(gate) and up (3*d*i), and peft's branch for every targeted layer: its input cast to the adapters' float32
+  (4 x in, one copy per layer, so q, k and v keep three) and the r-wide product (4r), plus dropout's mask (in
+  bytes) when `learner.lora.dropout` > 0. Qwen2.5-0.5B, r=16 on all 7 projections: 84,992 bytes per position and
+  layer (the full fine-tune's term plus peft's, counted before, was 113,344). Every position keeps 10h more
+  (embeddings, final norm). Attention also keeps, per layer, its mask as a d-byte copy (PyTorch converts the
+  boolean mask for the memory-efficient kernel, rows padded to 16 entries): queries x keys entries per row, and the
+  suffix rows' extra keys/values over the cached prefix, 2*d*q per position. With gradient checkpointing one hidden
+  state per position and layer plus one layer recomputed;
+- logits, per LM-head position (RL: `rlsys.algos.token_logprobs` keeps the model's logits and makes their
+  gradient, in their dtype, no float32 copy: V*2d) plus its chunked softmax's working set in backward (three
+  float32 chunks of up to 256 MiB, 441 rows of Qwen's vocabulary: the chunk, x - lse, its exp); SFT copies its
+  shifted logits (V*(3d + 8) counted, as before); `algo.entropy_coef` adds another logits-sized gradient (4 bytes
+  an entry);
+- a fragmentation margin (of the transient memory, plus a fixed 0.25 GiB) and a CUDA context outside the
+  allocator's cap;
+- with `learner.lora` (A = adapter parameters = L * sum over the targeted layers of r*(in + out)): the learner's
+  weights are the frozen base P*d (with `base_4bit`, the blocks' linear layers at NF4's ~0.52 bytes/param and the
+  rest P*d), gradients and optimizer states cover only the adapters, in float32 (peft's dtype for them), the push
+  buffers only the adapters in d; no KL reference copy (the base with the adapters off is the reference); the engine
+  adds the kept base copy of the targeted layers (rlsys/lora.py `LoraMerge`: their out*in parameters per layer, d
+  bytes each);
 - engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, batch_size*n_samples) sequences (never less
   than one `max_model_len` sequence, which vLLM insists on), activations of one scheduler step, CUDA graphs
   (unless `enforce_eager`), and its CUDA context (outside `gpu_memory_utilization`).
 The sequence length is `prompt_tokens + max_new_tokens` when the prompt length is known (`rlsys tune` measures
-it for tic-tac-toe), else `max_model_len` (the worst case). The constants marked "calibrate" are first guesses to
-be replaced by what the GPU runs of `python -m jobs.bench step` measure (docs/performance.md).
+it for tic-tac-toe), else `max_model_len` (the worst case, and no prefix sharing counted). Calibrated against the
+learner's measured peaks (docs/performance.md, section 4, "The learner's estimate against the measured peaks"):
+every one is at or under the estimate, by at most 1.6x. The constants marked "calibrate" are first guesses.
 """
 from __future__ import annotations
 
@@ -49,6 +77,8 @@ CONTEXT_BYTES = int(0.75 * GIB)  # calibrate: CUDA context + cuBLAS/NCCL workspa
 CUDA_GRAPH_BYTES = int(0.5 * GIB)  # calibrate: vLLM's captured graphs when enforce_eager is off
 ENGINE_STEP_TOKENS = 8192  # calibrate: tokens of vLLM's profiling step (max_num_batched_tokens)
 LOGPROB_CHUNK_BYTES = 1 << 28  # rlsys.algos.logprobs._CHUNK_BYTES
+LOGPROB_CHUNKS = 3  # float32 chunks alive at once in token_logprobs' backward: the chunk, x - lse, its exp
+MASK_ALIGN = 16  # the memory-efficient attention kernel pads its (converted) mask's rows to this many entries
 SUGGEST_MARGIN = 0.10  # proposals leave this share of the budget unused, for what the estimate misses
 FRAGMENTATION = 0.10  # of the learner's transient memory (activations, logits), plus a fixed 0.25 GiB
 LEARNER_SLACK_SHARE = 0.25  # of the budget left over after both estimates: headroom for the learner's cap
@@ -71,6 +101,7 @@ class ModelShape:
     vocab: int
     tied: bool = True
     qkv_bias: bool = True  # Qwen2 has biases on q, k and v; Llama (attention_bias=false) has none
+    full_attention: bool = True  # every layer full attention (prefix sharing needs it: rlsys/prefix.py)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
@@ -86,6 +117,8 @@ class ModelShape:
                 intermediate=int(text["intermediate_size"]), vocab=int(text["vocab_size"]),
                 tied=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))),
                 qkv_bias=bool(text.get("attention_bias", text.get("model_type", config.get("model_type")) == "qwen2")),
+                full_attention=not text.get("use_sliding_window", False)
+                and all(t == "full_attention" for t in (text.get("layer_types") or ["full_attention"])),
             )
         except KeyError as err:
             raise ValueError(f"model config lacks {err.args[0]!r}; cannot estimate its memory") from None
@@ -94,6 +127,10 @@ class ModelShape:
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
 
     def num_params(self) -> int:
         """Parameters of a Qwen2/Llama-style decoder (tied embeddings counted once)."""
@@ -155,6 +192,32 @@ class JobShape:
     lora_rank: int = 0  # learner.lora.rank when learner.lora.enabled, else 0 (full fine-tuning)
     lora_targets: tuple[str, ...] = ()  # learner.lora.target_modules
     lora_base_4bit: bool = False  # learner.lora.base_4bit
+    lora_dropout: bool = False  # learner.lora.dropout > 0: a dropout mask per targeted layer's input
+    prefix_sharing: bool = True  # learner.prefix_sharing (whether it applies: `shares_prefixes`)
+    prompt_tokens: int | None = None  # the prompts' length when known: the part of seq_len a group shares
+    n_samples: int = 1  # rows of a group (rollout.n_samples): the rows that share one prompt
+    sft: bool = False  # algo.name == "sft": no prefix sharing, the shifted logits copied
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether the learner runs a group's prompt once (rlsys/prefix.py): `learner.prefix_sharing`, not SFT, no
+        gradient checkpointing (it drops the KV cache), groups of 2 or more, and a known prompt shorter than the
+        sequence (unknown: counted as the plain path, the worst case). The model's side: `ModelShape.full_attention`."""
+        return (self.prefix_sharing and not self.sft and not self.gradient_checkpointing and self.n_samples >= 2
+                and self.prompt_tokens is not None and 2 <= self.prompt_tokens < self.seq_len)
+
+    @property
+    def answer_tokens(self) -> int | None:
+        """Tokens after the prompt in the longest row (the answer at max_new_tokens), None with the prompt unknown."""
+        return None if self.prompt_tokens is None else max(self.seq_len - self.prompt_tokens, 0)
+
+    @property
+    def micro_rows(self) -> int:
+        """Rows of the largest micro-batch, every row `seq_len` long: `mini_bs`, or as many as the token budget holds
+        (one at least)."""
+        if self.micro_batch_tokens:
+            return max(1, self.micro_batch_tokens // self.seq_len)
+        return self.mini_bs
 
     @property
     def micro_tokens(self) -> int:
@@ -173,6 +236,7 @@ class JobShape:
         master = 4 if getattr(cfg.learner, "fp32_master", False) else d
         lora = getattr(cfg.learner, "lora", None)
         lora_on = bool(lora is not None and lora.enabled)
+        sft = cfg.algo.name == "sft"
         return cls(dtype_bytes=d, param_bytes=master, adam_8bit=cfg.learner.adam_8bit,
                    gradient_checkpointing=cfg.model.gradient_checkpointing, mini_bs=cfg.learner.mini_bs,
                    micro_batch_tokens=getattr(cfg.learner, "micro_batch_tokens", None), seq_len=seq,
@@ -183,7 +247,110 @@ class JobShape:
                    reference_model=bool(getattr(cfg.algo, "kl_coef", 0.0)) and not lora_on,
                    entropy_bonus=bool(getattr(cfg.algo, "entropy_coef", 0.0)),
                    lora_rank=lora.rank if lora_on else 0, lora_targets=tuple(lora.target_modules) if lora_on else (),
-                   lora_base_4bit=bool(lora_on and lora.base_4bit))
+                   lora_base_4bit=bool(lora_on and lora.base_4bit),
+                   lora_dropout=bool(lora_on and getattr(lora, "dropout", 0.0) > 0),
+                   prefix_sharing=bool(getattr(cfg.learner, "prefix_sharing", False)) and not sft,
+                   prompt_tokens=prompt_tokens, n_samples=1 if sft else r.n_samples, sft=sft)
+
+
+# ------------------------------------------------------------------ one micro-batch, as the learner runs it
+@dataclass(frozen=True)
+class MicroBatch:
+    """The positions one micro-batch runs (see the module docstring): what its activations and logits scale with."""
+
+    rows: int
+    decoder: int  # positions through the decoder blocks (autograd keeps their activations)
+    logits: int  # positions through the LM head
+    cached_kv: int = 0  # key/value positions the suffix rows' attention keeps beyond their own: the cached prefixes
+    mask: int = 0  # attention-mask entries (queries x padded keys) kept per layer
+    prefixes: int = 0  # prompts run once for their group (prefix sharing)
+    plain_rows: int = 0  # rows on the plain full-length path
+
+    def text(self, job: JobShape) -> str:
+        if not self.prefixes:
+            return f"{self.decoder} positions through the decoder and the LM head"
+        shared = self.rows - self.plain_rows
+        plain = f" + {self.plain_rows} row(s) of {job.seq_len} alone" if self.plain_rows else ""
+        return (f"prefix sharing: {self.prefixes} prompt(s) x {job.prompt_tokens - 1} + {shared} suffixes x "
+                f"{job.seq_len - job.prompt_tokens + 1}{plain} = {self.decoder} decoder, "
+                f"{self.logits} LM-head positions")
+
+
+def _padded(n: int) -> int:
+    return -(-n // MASK_ALIGN) * MASK_ALIGN
+
+
+def micro_batch_layouts(model: ModelShape, job: JobShape) -> list[MicroBatch]:
+    """The largest micro-batch `job` allows, every row `seq_len` long: one layout on the plain path, or with prefix
+    sharing one per place the micro-batch may start within a group (`estimate` counts the costliest)."""
+    T = job.seq_len
+    if not (job.shares_prefixes and model.full_attention):
+        positions = job.micro_tokens  # rows x T, or the token budget (padded positions; a longer row alone)
+        rows = max(1, positions // T)
+        return [MicroBatch(rows=rows, decoder=positions, logits=positions, mask=positions * _padded(T),
+                           plain_rows=rows)]
+    prefix = job.prompt_tokens - 1  # the prompt's last token goes with the suffix: its logits predict the answer
+    suffix = T - prefix
+    n, rows = job.n_samples, job.micro_rows
+    layouts = []
+    for start in range(n):  # the micro-batch begins `start` rows into a group
+        pieces, left = [], rows
+        while left:
+            k = min(left, n - start if not pieces else n)
+            pieces.append(k)
+            left -= k
+        alone = sum(k == 1 for k in pieces)  # a group's single row here: nothing to share, the plain path
+        shared = [k for k in pieces if k > 1]
+        layout = MicroBatch(rows=rows, decoder=alone * T + len(shared) * prefix + sum(shared) * suffix,
+                            logits=alone * T + sum(shared) * suffix, cached_kv=sum(shared) * prefix,
+                            mask=alone * T * _padded(T) + sum(shared) * suffix * _padded(prefix + suffix),
+                            prefixes=len(shared), plain_rows=alone)
+        if layout not in layouts:
+            layouts.append(layout)
+    return layouts
+
+
+def _token_layer_bytes(model: ModelShape, job: JobShape) -> int:
+    """Activations autograd keeps per decoder position and layer, its own keys/values included (module docstring)."""
+    d, h, i = job.dtype_bytes, model.hidden, model.intermediate
+    if not job.lora_rank:
+        return d * (18 * h + 3 * model.kv_dim + 4 * i)
+    shapes = model.linear_shapes()
+    base = 2 * (4 * h + 4) + 4 * d * model.q_dim + 4 * model.heads + 3 * d * i  # norms, attention, MLP
+    # peft: each targeted layer's input cast to float32 (one copy per layer) and the r-wide product
+    lora = sum(4 * (shapes[t][1] + job.lora_rank) + (shapes[t][1] if job.lora_dropout else 0)
+               for t in job.lora_targets if t in shapes)
+    return base + lora
+
+
+def _transient(model: ModelShape, job: JobShape, micro: MicroBatch) -> tuple[int, int]:
+    """(activations, logits) bytes of one micro-batch."""
+    d, h, L, V = job.dtype_bytes, model.hidden, model.layers, model.vocab
+    per_layer = _token_layer_bytes(model, job)
+    if job.gradient_checkpointing:  # one hidden state per position and layer + one layer recomputed
+        activations = micro.decoder * (L * d * h + per_layer) + d * micro.mask
+    else:
+        activations = L * (micro.decoder * per_layer + micro.cached_kv * 2 * d * model.q_dim + d * micro.mask)
+    activations += micro.decoder * 10 * h  # embeddings, final norm
+    # RL: the model's logits and their gradient, both in their dtype (token_logprobs keeps no float32 copy). SFT
+    # copies its shifted logits: counted as before, (3d + 8) (12 for float32 logits). Plus the chunked softmax's
+    # working set in backward.
+    per_entry = (12 if d == 4 else 3 * d + 8) if job.sft else 2 * d
+    chunk = min(LOGPROB_CHUNK_BYTES // (4 * V), micro.logits) * 4 * V  # rows of float32 logits a chunk holds
+    logits = micro.logits * V * per_entry + LOGPROB_CHUNKS * chunk
+    if job.entropy_bonus:  # the entropy's gradient of the logits, summed into the logprobs' in backward
+        logits += micro.logits * V * 4
+    return activations, logits
+
+
+def learner_micro_batch(model: ModelShape, job: JobShape) -> tuple[MicroBatch, int, int]:
+    """The costliest micro-batch layout and its (activations, logits) bytes."""
+    best = None
+    for micro in micro_batch_layouts(model, job):
+        act, logits = _transient(model, job, micro)
+        if best is None or act + logits > best[1] + best[2]:
+            best = (micro, act, logits)
+    return best
 
 
 # ------------------------------------------------------------------ the estimate
@@ -194,6 +361,7 @@ class Estimate:
     learner: dict[str, int] = field(default_factory=dict)  # component -> bytes
     engine: dict[str, int] = field(default_factory=dict)
     budget_bytes: int | None = None
+    micro: MicroBatch | None = None  # the micro-batch the learner's activations and logits were counted for
 
     @property
     def learner_bytes(self) -> int:
@@ -239,6 +407,8 @@ class Estimate:
         for side, parts in (("learner", self.learner), ("engine (vLLM)", self.engine)):
             lines.append(f"  {side:<16}{sum(parts.values()) / GIB:8.2f} GiB")
             lines += [f"    {name:<24}{b / GIB:8.2f} GiB" for name, b in parts.items()]
+        if self.micro is not None and self.micro.prefixes:
+            lines.insert(1, f"  largest micro-batch: {self.micro.text(j)}")
         budget = "" if self.budget_bytes is None else f" of a {self.budget_bytes / GIB:.2f} GiB budget"
         lines.append(f"  {'total':<16}{self.total_bytes / GIB:8.2f} GiB{budget}")
         return "\n".join(lines)
@@ -286,22 +456,9 @@ def _fraction(nbytes: int, device_bytes: int, who: str) -> float:
 def estimate(model: ModelShape, job: JobShape, budget_gib: float | None = None) -> Estimate:
     p, d = model.num_params(), job.dtype_bytes
     w = job.param_bytes or d  # learner weights and gradients (fp32 masters: 4)
-    h, i, L, V = model.hidden, model.intermediate, model.layers, model.vocab
-    tokens = job.micro_tokens  # one micro-batch
-    per_token_layer = d * (18 * h + 3 * model.kv_dim + 4 * i)
-    if job.gradient_checkpointing:
-        activations = tokens * (L * d * h + per_token_layer)  # one hidden state per layer + one layer recomputed
-    else:
-        activations = tokens * L * per_token_layer
-    activations += tokens * 10 * h  # embeddings, final norm
-    # model logits (d), their float32 copy (4), in backward the float32 gradient (4), its cast (d) and the
-    # un-sliced gradient of logits[:, :-1] (d); float32 weights make the copy an alias: 12. Plus the chunked
-    # softmax's working set in token_logprobs (two chunks).
-    logits = tokens * V * (12 if d == 4 else 3 * d + 8) + 2 * LOGPROB_CHUNK_BYTES
-    if job.entropy_bonus:  # the entropy's float32 gradient of the logits, summed into the logprobs' in backward
-        logits += tokens * V * 4
+    micro, activations, logits = learner_micro_batch(model, job)
     if job.lora_rank:
-        return _lora_estimate(model, job, activations, logits, budget_gib)
+        return _lora_estimate(model, job, micro, activations, logits, budget_gib)
     learner = {
         "weights": p * w,
         "gradients": p * w,
@@ -315,7 +472,7 @@ def estimate(model: ModelShape, job: JobShape, budget_gib: float | None = None) 
     }
     engine = _engine_parts(model, job)
     budget = None if budget_gib is None else int(budget_gib * GIB)
-    return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget)
+    return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget, micro=micro)
 
 
 LORA_KEPT = "kept LoRA base copy"  # the engine part allocated beside vLLM's pool (BudgetSplit.engine_outside_bytes)
@@ -337,16 +494,14 @@ def _engine_parts(model: ModelShape, job: JobShape) -> dict[str, int]:
     }
 
 
-def _lora_estimate(model: ModelShape, job: JobShape, activations: int, logits: int,
+def _lora_estimate(model: ModelShape, job: JobShape, micro: MicroBatch, activations: int, logits: int,
                    budget_gib: float | None) -> Estimate:
-    """`estimate` with `learner.lora`: a frozen base (optionally 4-bit), float32 adapters, the engine's kept copy."""
+    """`estimate` with `learner.lora`: a frozen base (optionally 4-bit), float32 adapters, the engine's kept copy
+    (the activations, peft's included, come from `_token_layer_bytes`)."""
     p, d = model.num_params(), job.dtype_bytes
     adapters = model.lora_params(job.lora_rank, job.lora_targets)
     shapes = model.linear_shapes()
     targets = [t for t in job.lora_targets if t in shapes]
-    tokens = job.micro_tokens
-    # peft casts each targeted layer's input to the adapters' float32 and keeps it and the r-wide product for backward
-    activations += tokens * model.layers * sum(4 * (shapes[t][1] + job.lora_rank) for t in targets)
     if job.lora_base_4bit:
         blocks = model.target_params(tuple(shapes))  # bitsandbytes quantizes every linear layer of the blocks
         base = int(blocks * NF4_BYTES_PER_PARAM) + (p - blocks) * d
@@ -366,7 +521,7 @@ def _lora_estimate(model: ModelShape, job: JobShape, activations: int, logits: i
     engine = _engine_parts(model, job)
     engine[LORA_KEPT] = model.target_params(tuple(targets)) * d  # rlsys/lora.py LoraMerge
     budget = None if budget_gib is None else int(budget_gib * GIB)
-    return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget)
+    return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget, micro=micro)
 
 
 def minimum_bytes(model: ModelShape, job: JobShape) -> int:
@@ -388,8 +543,12 @@ class Proposal:
 
 def _micro_text(job: JobShape) -> str:
     if job.micro_batch_tokens:
-        return f"{job.micro_tokens} padded tokens (learner.micro_batch_tokens)"
-    return f"{job.mini_bs} x {job.seq_len} tokens"
+        text = f"{job.micro_tokens} padded tokens (learner.micro_batch_tokens)"
+    else:
+        text = f"{job.mini_bs} x {job.seq_len} tokens"
+    if job.shares_prefixes:
+        text += f", {job.prompt_tokens}-token prompts in groups of {job.n_samples}"
+    return text
 
 
 def _divisors_desc(n: int) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -48,9 +49,13 @@ def test_learner_and_engine_components_by_hand():
     assert est.learner["weights"] == est.learner["gradients"] == est.learner["weight-push buffers"] == 2 * p
     assert est.learner["optimizer states"] == 2 * p  # 8-bit Adam: two 1-byte states per parameter
     tokens = 2 * 512
-    assert est.learner["logits"] == tokens * 151936 * 14 + 2 * LOGPROB_CHUNK_BYTES
+    # the bf16 logits and their bf16 gradient (token_logprobs keeps no float32 copy since 2026-12-03), and three
+    # float32 chunks of 441 rows (256 MiB) of the chunked softmax in backward
+    chunk = (LOGPROB_CHUNK_BYTES // (4 * 151936)) * 4 * 151936
+    assert est.learner["logits"] == tokens * 151936 * 4 + 3 * chunk
     per_layer = 2 * (18 * 1536 + 3 * 256 + 4 * 8960)
-    assert est.learner["activations"] == tokens * (28 * 2 * 1536 + per_layer) + tokens * 10 * 1536
+    mask = 2 * tokens * 512  # the recomputed layer's attention mask, a bf16 copy: 512 keys per query
+    assert est.learner["activations"] == tokens * (28 * 2 * 1536 + per_layer) + mask + tokens * 10 * 1536
     assert est.engine["weights"] == 2 * p
     assert est.engine["KV cache"] == 16 * 512 * 28_672  # 16 sequences in flight x 512 tokens
     assert est.engine["CUDA graphs"] == 0 and est.engine["CUDA context"] == CONTEXT_BYTES
@@ -131,6 +136,225 @@ def test_module_imports_without_torch_or_ray():
     code = "import sys, rlsys.memory; print(json.dumps(sorted(m for m in ('torch', 'ray') if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+# ------------------------------------------------------------------ prefix sharing, LoRA's activations, the measured peaks
+LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QWEN7B = {**QWEN05B, "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+          "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}
+
+
+def test_lora_activations_per_position_and_layer_by_hand():
+    from rlsys.memory import _token_layer_bytes
+
+    shape = ModelShape.from_config(QWEN05B)
+    job = JobShape(lora_rank=16, lora_targets=LORA_ALL)
+    norms = 2 * (4 * 896 + 4)  # two RMSNorms: the float32 copy of the input and the rsqrt
+    attention = 4 * 2 * 896 + 4 * 14  # query, output, K and V repeated to the 14 heads (bf16), logsumexp
+    mlp = 3 * 2 * 4864  # gate, SiLU(gate), up
+    peft = 4 * (5 * 896 + 896 + 4864) + 7 * 4 * 16  # each targeted input cast to float32, the r-wide product
+    assert _token_layer_bytes(shape, job) == norms + attention + mlp + peft == 84_992
+    full = 2 * (18 * 896 + 3 * 128 + 4 * 4864)  # the full fine-tune's term, which LoRA used to add peft's to
+    assert full + peft == 113_344
+    dropout = JobShape(lora_rank=16, lora_targets=LORA_ALL, lora_dropout=True)
+    assert _token_layer_bytes(shape, dropout) - 84_992 == 5 * 896 + 896 + 4864  # a bool mask per input entry
+
+
+def _saved_bytes(fn, model):
+    """Bytes of the tensors autograd keeps for backward while ``fn`` runs (storages counted once, weights not)."""
+    import torch
+
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(saved.values())
+
+
+def test_lora_activation_term_matches_what_autograd_keeps():
+    """The per-position LoRA term and the prefix-shared layout against the tensors autograd really keeps, on a
+    2-layer Qwen2 with peft's LoRA on every projection (CPU, bf16; SDPA with the padding mask as on the GPU)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlsys.memory import MicroBatch, _transient
+    from rlsys.prefix import find_prefix_groups, plain_token_logprobs, shared_token_logprobs
+
+    torch.manual_seed(0)
+    dims = {"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "vocab_size": 300, "tie_word_embeddings": True, "model_type": "qwen2"}
+    config = Qwen2Config(**{k: v for k, v in dims.items() if k != "model_type"}, attn_implementation="sdpa")
+    base = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_ALL))).get_base_model()
+    model.train()
+    shape = ModelShape.from_config(dims)
+    job = JobShape(dtype_bytes=2, lora_rank=8, lora_targets=LORA_ALL)
+
+    def kept(micro):  # what the estimate counts as kept when the forward ends: activations and the bf16 logits
+        return _transient(shape, job, micro)[0] + micro.logits * 300 * 2
+
+    rows, T = 3, 40
+    ids = torch.randint(3, 300, (rows, T))
+    attn = torch.ones_like(ids)
+    attn[0, T - 6:] = 0  # padding: the mask goes to SDPA, K/V are repeated to every head
+    got = _saved_bytes(lambda: plain_token_logprobs(model, ids, attn), model)
+    want = kept(MicroBatch(rows=rows, decoder=rows * T, logits=rows * T, mask=rows * T * T))
+    assert got <= want <= 1.15 * got, (got, want)
+
+    groups, members, prompt, answer = 2, 3, 25, 12
+    seqs, masks = [], []
+    for _ in range(groups):
+        p = torch.randint(3, 300, (prompt,)).tolist()
+        for _ in range(members):
+            seqs.append(p + torch.randint(3, 300, (answer,)).tolist())
+            masks.append([0] * prompt + [1] * answer)
+    ids = torch.tensor(seqs)
+    shared = find_prefix_groups(seqs, masks)
+    got = _saved_bytes(lambda: shared_token_logprobs(model, ids, torch.ones_like(ids), shared), model)
+    pre, suf, n = prompt - 1, answer + 1, groups * members
+    want = kept(MicroBatch(rows=n, decoder=groups * pre + n * suf, logits=n * suf, cached_kv=n * pre,
+                           mask=n * suf * (pre + suf), prefixes=groups))
+    assert got <= want <= 1.15 * got, (got, want)
+
+
+def test_prefix_sharing_counts_the_prompt_once_per_group_and_the_costliest_cut():
+    from rlsys.memory import _transient, micro_batch_layouts
+
+    shape = ModelShape.from_config(QWEN05B)
+    # 16 rows of 300 + 100 tokens in a 6,400-position budget, groups of 8
+    job = JobShape(micro_batch_tokens=6400, seq_len=400, prompt_tokens=300, n_samples=8)
+    assert job.shares_prefixes and job.micro_rows == 16 and job.answer_tokens == 100
+    layouts = micro_batch_layouts(shape, job)
+    assert len(layouts) == 3  # the distinct ones over the 8 rows of a group the micro-batch may start at
+    by_cut = {(m.prefixes, m.plain_rows): m for m in layouts}
+    aligned = by_cut[(2, 0)]  # two whole groups: two prompts (minus their last token), 16 suffixes of 101
+    assert (aligned.decoder, aligned.logits, aligned.cached_kv) == (2 * 299 + 16 * 101, 16 * 101, 16 * 299)
+    assert aligned.mask == 16 * 101 * 400  # suffix queries x (cached prefix + suffix) keys, 400 a multiple of 16
+    cut = by_cut[(3, 0)]  # starting 2-6 rows into a group: three prompts
+    assert cut.decoder == 3 * 299 + 16 * 101
+    alone = by_cut[(2, 1)]  # starting at a group's last row: it has no one to share with, the plain path
+    assert (alone.decoder, alone.logits) == (400 + 2 * 299 + 15 * 101, 400 + 15 * 101)
+    assert alone.mask == 400 * 400 + 15 * 101 * 400
+    est = estimate(shape, job)  # the costliest of them
+    assert est.micro == max(layouts, key=lambda m: sum(_transient(shape, job, m)))
+    assert est.learner["activations"] == _transient(shape, job, est.micro)[0]
+    # the plain path: the whole budget through the decoder and the LM head
+    plain = estimate(shape, replace(job, prefix_sharing=False))
+    assert plain.micro.decoder == plain.micro.logits == 6400
+    assert plain.learner["logits"] > 2 * est.learner["logits"] and plain.learner_bytes > est.learner_bytes
+    # mini_bs rows within one group: one prompt, or a cut
+    rows4 = micro_batch_layouts(shape, JobShape(mini_bs=4, seq_len=400, prompt_tokens=300, n_samples=8))
+    assert {(m.prefixes, m.plain_rows) for m in rows4} == {(1, 0), (2, 0), (1, 1)}
+
+
+def test_prefix_sharing_applies_only_where_the_learner_shares():
+    shape = ModelShape.from_config(QWEN05B)
+    on = JobShape(mini_bs=8, seq_len=346, prompt_tokens=250, n_samples=8)
+    assert on.shares_prefixes
+    for off in (replace(on, gradient_checkpointing=True),  # drops the KV cache in training
+                replace(on, sft=True), replace(on, prefix_sharing=False), replace(on, n_samples=1),
+                replace(on, prompt_tokens=None)):  # unknown prompt: the plain path, the worst case
+        assert not off.shares_prefixes
+        assert estimate(shape, off).micro.prefixes == 0
+    sliding = ModelShape.from_config({**QWEN05B, "use_sliding_window": True})
+    assert not sliding.full_attention and estimate(sliding, on).micro.prefixes == 0
+    assert ModelShape.from_config({**QWEN05B, "layer_types": ["full_attention"] * 24}).full_attention
+    # unknown prompt: exactly the plain micro-batch of rows x seq_len
+    assert estimate(shape, replace(on, prompt_tokens=None)).learner == estimate(
+        shape, replace(on, prefix_sharing=False)).learner
+
+
+def test_job_shape_reads_prefix_sharing_from_the_config(tmp_path):
+    from rlsys.config import load_config
+
+    run = {"--run-dir": str(tmp_path / "r")}
+    cfg = load_config(flags={**run, "--n-samples": "4"},
+                      overrides=["learner.lora.enabled=true", "learner.lora.dropout=0.05"])
+    job = JobShape.from_config(cfg, prompt_tokens=200)
+    assert (job.prefix_sharing, job.prompt_tokens, job.n_samples, job.sft) == (True, 200, 4, False)
+    assert job.lora_dropout
+    assert job.shares_prefixes and job.answer_tokens == cfg.rollout.max_new_tokens
+    assert not JobShape.from_config(cfg).shares_prefixes  # prompt unknown
+    off = load_config(flags=run, overrides=["learner.prefix_sharing=false"])
+    assert not JobShape.from_config(off, prompt_tokens=200).prefix_sharing
+    sft = load_config(flags=run, overrides=["algo.name=sft"])
+    assert JobShape.from_config(sft, prompt_tokens=200).sft and not JobShape.from_config(sft, 200).shares_prefixes
+
+
+def _lora_point(**kw):
+    return JobShape(**{"adam_8bit": True, "lora_rank": 16, "lora_targets": LORA_ALL, "n_samples": 8, **kw})
+
+
+# Measured learner peaks (GiB) and the job shape each ran, worst case as the estimate takes it (answers at their
+# longest). gsm: `jobs.bench learner` on an H200, random Qwen2.5-0.5B, configs/gsm-qwen0.5b.toml's learner (LoRA r=16 on
+# every projection, 8-bit Adam), 8 prompts x 8 answers, 450-token prompts, answers 100-1,500 tokens: peak allocated,
+# docs/data/gpu-2026-12-04d/bench-learner.json (17.77) and docs/data/gpu-2026-12-04f/bench-learner-micro.json.
+# ttt: the same on an H100, configs/tictactoe-qwen0.5b.toml's learner, 6 prompts x 8 answers, 230-token prompts,
+# answers 15-40: peak allocated, docs/data/gpu-2026-12-05b/learner-ttt.json. 7B: docs/gpu.md "LoRA on a random
+# Qwen2.5-7B-shaped model" (r=16 on q/v, mini_bs 1, gradient checkpointing, max_model_len 512, the prompt unknown to
+# the job): peak reserved, docs/data/gpu-2026-12-03b/lora7b/lora7b-step-bf16.json. peers: docs/peers.md, the
+# tic-tac-toe recipe with 4 boards x 4 samples, mini_bs 4, ~245-token prompts (from its prefix_saved_frac 0.688),
+# max_new_tokens 96: peak reserved, docs/data/gpu-2026-12-05/peers/rlsys/metrics.jsonl.gz. budget-1.5b: the full
+# fine-tune of docs/performance.md section 4 (random Qwen2.5-1.5B, 8-bit Adam, checkpointing, mini_bs 2,
+# max_model_len 512): peak reserved, docs/data/gpu-2026-12-01b/budget-1.5b.json (with the float32 logits copy since
+# removed). The upper bound is 1.6x except where the fixed CUDA context and margins (~1 GiB) weigh on a 2.5 GiB peak.
+GSM = {"seq_len": 1950, "prompt_tokens": 450, "max_model_len": 4096}
+TTT = {"seq_len": 270, "prompt_tokens": 230, "max_model_len": 1024}
+MEASURED = [
+    ("gsm mini_bs 4, sharing", QWEN05B, _lora_point(mini_bs=4, **GSM), 17.77, 1.6),
+    ("gsm mini_bs 4, no sharing", QWEN05B, _lora_point(mini_bs=4, prefix_sharing=False, **GSM), 21.30, 1.6),
+    ("gsm 16k tokens, sharing", QWEN05B, _lora_point(micro_batch_tokens=16384, **GSM), 33.49, 1.6),
+    ("gsm 16k tokens, no sharing", QWEN05B, _lora_point(micro_batch_tokens=16384, prefix_sharing=False, **GSM), 42.97,
+     1.6),
+    ("ttt mini_bs 4, sharing", QWEN05B, _lora_point(mini_bs=4, **TTT), 2.51, 1.8),
+    ("ttt mini_bs 4, no sharing", QWEN05B, _lora_point(mini_bs=4, prefix_sharing=False, **TTT), 4.80, 1.6),
+    ("ttt 4k tokens, sharing", QWEN05B, _lora_point(micro_batch_tokens=4096, **TTT), 5.18, 1.6),
+    ("ttt 4k tokens, no sharing", QWEN05B, _lora_point(micro_batch_tokens=4096, prefix_sharing=False, **TTT), 12.16,
+     1.6),
+    ("ttt 16k tokens, sharing", QWEN05B, _lora_point(micro_batch_tokens=16384, **TTT), 10.28, 1.6),
+    ("ttt 16k tokens, no sharing", QWEN05B, _lora_point(micro_batch_tokens=16384, prefix_sharing=False, **TTT), 34.16,
+     1.6),
+    ("7B LoRA q/v, checkpointing", QWEN7B, JobShape(adam_8bit=True, lora_rank=16, lora_targets=("q_proj", "v_proj"),
+                                                    mini_bs=1, seq_len=512, max_model_len=512,
+                                                    gradient_checkpointing=True, n_samples=8), 16.0, 1.6),
+    ("peers, mini_bs 4", QWEN05B, _lora_point(mini_bs=4, seq_len=245 + 96, prompt_tokens=245, n_samples=4,
+                                              max_model_len=1024), 3.71, 1.6),
+    ("budget-1.5b, full fine-tune", QWEN15B, JobShape(adam_8bit=True, gradient_checkpointing=True, mini_bs=2,
+                                                      seq_len=512, max_model_len=512), 13.99, 1.6),
+]
+
+
+@pytest.mark.parametrize("name, config, job, measured_gib, bound", MEASURED, ids=[m[0] for m in MEASURED])
+def test_learner_estimate_covers_every_measured_peak(name, config, job, measured_gib, bound):
+    est = estimate(ModelShape.from_config(config), job)
+    assert measured_gib * GIB <= est.learner_bytes <= bound * measured_gib * GIB, est.table()
+    if name.startswith(("gsm", "ttt")):  # peaks allocated: the allocator's share (no CUDA context) covers them too
+        assert measured_gib * GIB <= est.learner_bytes - CONTEXT_BYTES
+
+
+def test_the_tictactoe_recipe_fits_an_80_gib_budget_and_sharing_is_what_makes_it_small(tmp_path):
+    from rlsys.config import load_config
+
+    shape = ModelShape.from_config(QWEN05B)  # Qwen2.5-Coder-0.5B-Instruct's shape
+    run = {"--run-dir": str(tmp_path / "r")}
+    cfg = load_config("configs/tictactoe-qwen0.5b.toml", flags=run)
+    assert (cfg.learner.micro_batch_tokens, cfg.learner.prefix_sharing, cfg.rollout.max_new_tokens) == (16384, True, 96)
+    est = estimate(shape, JobShape.from_config(cfg, prompt_tokens=250), budget_gib=80)
+    assert est.fits and est.micro.prefixes == 6  # 47 rows of 346 tokens: 6 groups' prompts, run once each
+    assert est.learner_bytes < 24 * GIB  # was ~84 GiB: every position of 16,384 through the LM head, 14 bytes a logit
+    est.split()  # no MemoryBudgetError
+    flat = load_config("configs/tictactoe-qwen0.5b.toml", flags=run, overrides=["learner.prefix_sharing=false"])
+    plain = estimate(shape, JobShape.from_config(flat, prompt_tokens=250), budget_gib=80)
+    assert plain.learner_bytes > 2 * est.learner_bytes and plain.micro.logits == 16384
+    # the prompt unknown (rlsys train's check): the plain path at max_model_len, still within 80 GiB
+    assert estimate(shape, JobShape.from_config(cfg), budget_gib=80).fits
 
 
 # ------------------------------------------------------------------ the check before Ray, and rlsys tune
