@@ -2,7 +2,7 @@
 # One device session's GPU work as a queue that outlives the device call starting it (a call lasts at most
 # 10 minutes, the runs longer; a process in its own session runs until the machine goes back). From the repo
 # root, after the gpu-site and qwen bundles are unpacked (docs/gpu.md, "Running the GPU checks"):
-#   bash tests/gpu/session.sh start      # converts the GGUF once, starts the queue with setsid, returns
+#   bash tests/gpu/session.sh start      # starts the queue with setsid (it converts the GGUF once first), returns
 #   bash tests/gpu/session.sh wait S     # waits up to S s (less if the queue ends), then copies results to $OUT
 # The queue: the Qwen 0.5B tic-tac-toe runs of RUNS (NAME=key=value,key=value ...), and the whole-game run, at the same
 # time (each vLLM with a fixed KV cache: rollout.kv_cache_gib), the first alone until it sampled (its start-up
@@ -26,6 +26,10 @@ train() {  # train NAME ARGS...: one rlsys train in the background, its log besi
 }
 
 queue() {
+  echo $$ > "$S/queue.pid"  # `wait` checks that this process lives
+  # the GGUF's conversion here, detached, not in the start call: it took 136 s on a fresh H200 (2026-12-04) and a
+  # start call cut at 120 s killed it there, so no run started and the waits after it waited on nothing (2026-12-05)
+  [ "${RUNS:-}" = none ] || python3 -c "import sys, time; t=time.time(); from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1])); print(f'convert {time.time()-t:.1f} s')" "$gguf" >> "$S/queue.log" 2>&1
   export RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.04  # several local Rays: 30% of RAM each does not fit
   local common=(--ckpt "$gguf" ${FLAGS:-} rollout.kv_cache_gib=${KV_GIB:-3} eval.every=100 ${EXTRA:-})  # flags, then dotted
   local first=1 spec name ov cfg
@@ -69,14 +73,20 @@ case ${1:?start or wait} in
       python3 -c "import vllm, torch, ray, transformers, bitsandbytes; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__, 'bnb', bitsandbytes.__version__)"
     } >> "$S/queue.log" 2>&1
     log "converting $gguf"; echo "$*; RUNS=${RUNS:-} EXTRA=${EXTRA:-} GAME_STEPS=${GAME_STEPS:-} BENCH=${BENCH:-}" >> "$S/queue.log"
-    [ "${RUNS:-}" = none ] || python3 -c "import sys, time; t=time.time(); from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1])); print(f'convert {time.time()-t:.1f} s')" "$gguf" >> "$S/queue.log" 2>&1
+    rm -f "$S/done" "$S/queue.pid"
     # the queue runs from a copy of this tree: later calls re-send the working tree, edits and all
     src=/tmp/rlsys-src; rm -rf "$src"; mkdir -p "$src"
     tar cf - --exclude=./.devcarry/parts --exclude=./.git . | tar xf - -C "$src"
     (cd "$src" && setsid nohup bash tests/gpu/session.sh queue > "$S/queue.out" 2>&1 < /dev/null &)
     sleep "${2:-5}"; collect ;;
   queue) queue ;;
-  wait)
-    for _ in $(seq "$(( ${2:-60} / 5 ))"); do [ -f "$S/done" ] && break; sleep 5; done
+  wait)  # returns at once when no queue lives (never started, killed, or a fresh machine): a wait costs device time
+    for _ in $(seq "$(( ${2:-60} / 5 ))"); do
+      [ -f "$S/done" ] && break
+      if ! { [ -f "$S/queue.pid" ] && kill -0 "$(cat "$S/queue.pid")" 2>/dev/null; }; then
+        echo "session.sh wait: no queue is running on this machine (see $S/queue.out); not waiting"; break
+      fi
+      sleep 5
+    done
     collect ;;
 esac
