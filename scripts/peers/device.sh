@@ -19,7 +19,7 @@ equal_work="max_steps=100 max_train_minutes=120 rollout.n_samples=4 algo.dynamic
   algo.unanimous_groups=0 algo.unanimous_baseline=none eval.at_start=false eval.at_end=false
   checkpoint.save_interval=100"
 
-model_folder() {  # rlsys's conversion of the GGUF (cached; ~30 s the first time)
+model_folder() {  # rlsys's conversion of the GGUF (cached; up to 136 s on a fresh machine: give `start` 300 s)
   python3 -c "import sys; from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1]))" "$gguf" | tail -1
 }
 
@@ -55,6 +55,9 @@ final_model() {  # the folder `rlsys eval --ckpt` takes; a LoRA checkpoint (the 
 
 wait_for() {
   local deadline=$(( $(date +%s) + ${1:-500} ))
+  if [ ! -f "$P/run.log" ]; then  # never started here (a start call cut short, a fresh machine): do not wait
+    echo "device.sh: no $peer run on this machine ($P/run.log missing); not waiting"; deadline=0
+  fi
   while ! grep -q '^rc=' "$P/run.log" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
   if grep -q '^rc=' "$P/run.log"; then kill "$(cat "$P/mem.pid")" 2>/dev/null; fi
   if grep -q '^rc=0' "$P/run.log" && [ ! -f "$P/eval.json" ]; then  # a failed run has no model to score
