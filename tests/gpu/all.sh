@@ -19,9 +19,14 @@ collect() {
 
 wait_done() {
   local limit=${1:-${WAIT_S:-570}} t0=$SECONDS
-  while [ ! -f "$W/done" ] && (( SECONDS - t0 < limit )); do sleep 5; done
+  while [ ! -f "$W/done" ] && (( SECONDS - t0 < limit )); do
+    if [ -f "$W/run.pid" ] && ! kill -0 "$(cat "$W/run.pid")" 2>/dev/null || [ ! -d "$W" ]; then
+      echo "all.sh: no suite is running on this machine (see /tmp/rlsys-all.out); not waiting"; break
+    fi
+    sleep 5
+  done
   collect
-  [ -f "$W/done" ] || echo "(still running: bash tests/gpu/all.sh wait)"
+  [ -f "$W/done" ] || ! kill -0 "$(cat "$W/run.pid" 2>/dev/null)" 2>/dev/null || echo "(still running: bash tests/gpu/all.sh wait)"
 }
 
 tests() {  # name, then pytest arguments: one background pytest, its log and its closing line in the summary
@@ -34,6 +39,7 @@ tests() {  # name, then pytest arguments: one background pytest, its log and its
 
 run() {
   rm -rf "$W"; mkdir -p "$W"
+  echo $$ > "$W/run.pid"  # wait_done stops waiting once this process is gone
   local t0=$SECONDS
   {
     echo "# GPU suite: $(date -u +%F' '%T) UTC, commit ${RLSYS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
