@@ -9,7 +9,7 @@
 # BENCH=none skips the benchmarks (e.g. while training runs share the GPU and their timings would mean nothing).
 set -u
 source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
-W=/tmp/rlsys-all
+W=${RLSYS_ALL_DIR:-/tmp/rlsys-all}
 
 collect() {
   cp "$W"/*.log "$W/summary.md" "$out/" 2>/dev/null
@@ -20,7 +20,7 @@ collect() {
 wait_done() {
   local limit=${1:-${WAIT_S:-570}} t0=$SECONDS
   while [ ! -f "$W/done" ] && (( SECONDS - t0 < limit )); do
-    if [ -f "$W/run.pid" ] && ! kill -0 "$(cat "$W/run.pid")" 2>/dev/null || [ ! -d "$W" ]; then
+    if ! { [ -f "$W/run.pid" ] && kill -0 "$(cat "$W/run.pid")" 2>/dev/null; }; then
       echo "all.sh: no suite is running on this machine (see /tmp/rlsys-all.out); not waiting"; break
     fi
     sleep 5

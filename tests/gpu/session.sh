@@ -12,7 +12,7 @@
 # FIRST_ALONE=0: start every run 20 s apart at once (when the start-up is not what is measured).
 set -u
 source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
-S=/tmp/rlsys-session runs=/tmp/qwen-runs
+S=${RLSYS_SESSION_DIR:-/tmp/rlsys-session} runs=/tmp/qwen-runs
 mkdir -p "$S" "$runs"
 gguf=${GGUF:-/tmp/qwen/qwenpack/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 log() { echo "[$(date +%T)] $*" >> "$S/queue.log"; }
