@@ -134,7 +134,7 @@ class ModelShape:
 
     def num_params(self) -> int:
         """Parameters of a Qwen2/Llama-style decoder (tied embeddings counted once)."""
-        h, q_dim, kv = self.hidden, self.heads * self.head_dim, self.kv_dim
+        h, q_dim, kv = self.hidden, self.q_dim, self.kv_dim
         attn = h * q_dim + 2 * h * kv + q_dim * h + ((q_dim + 2 * kv) if self.qkv_bias else 0)
         mlp = 3 * h * self.intermediate
         per_layer = attn + mlp + 2 * h  # + the two RMSNorm weights
@@ -143,7 +143,7 @@ class ModelShape:
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(out, in) of each linear layer of one decoder block, by its Hugging Face name."""
-        h, q_dim, kv, i = self.hidden, self.heads * self.head_dim, self.kv_dim, self.intermediate
+        h, q_dim, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
         return {"q_proj": (q_dim, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q_dim),
                 "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
 
@@ -205,11 +205,6 @@ class JobShape:
         sequence (unknown: counted as the plain path, the worst case). The model's side: `ModelShape.full_attention`."""
         return (self.prefix_sharing and not self.sft and not self.gradient_checkpointing and self.n_samples >= 2
                 and self.prompt_tokens is not None and 2 <= self.prompt_tokens < self.seq_len)
-
-    @property
-    def answer_tokens(self) -> int | None:
-        """Tokens after the prompt in the longest row (the answer at max_new_tokens), None with the prompt unknown."""
-        return None if self.prompt_tokens is None else max(self.seq_len - self.prompt_tokens, 0)
 
     @property
     def micro_rows(self) -> int:
@@ -286,7 +281,7 @@ def micro_batch_layouts(model: ModelShape, job: JobShape) -> list[MicroBatch]:
     T = job.seq_len
     if not (job.shares_prefixes and model.full_attention):
         positions = job.micro_tokens  # rows x T, or the token budget (padded positions; a longer row alone)
-        rows = max(1, positions // T)
+        rows = job.micro_rows
         return [MicroBatch(rows=rows, decoder=positions, logits=positions, mask=positions * _padded(T),
                            plain_rows=rows)]
     prefix = job.prompt_tokens - 1  # the prompt's last token goes with the suffix: its logits predict the answer

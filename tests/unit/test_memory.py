@@ -230,7 +230,7 @@ def test_prefix_sharing_counts_the_prompt_once_per_group_and_the_costliest_cut()
     shape = ModelShape.from_config(QWEN05B)
     # 16 rows of 300 + 100 tokens in a 6,400-position budget, groups of 8
     job = JobShape(micro_batch_tokens=6400, seq_len=400, prompt_tokens=300, n_samples=8)
-    assert job.shares_prefixes and job.micro_rows == 16 and job.answer_tokens == 100
+    assert job.shares_prefixes and job.micro_rows == 16 and job.seq_len - job.prompt_tokens == 100
     layouts = micro_batch_layouts(shape, job)
     assert len(layouts) == 3  # the distinct ones over the 8 rows of a group the micro-batch may start at
     by_cut = {(m.prefixes, m.plain_rows): m for m in layouts}
@@ -280,7 +280,7 @@ def test_job_shape_reads_prefix_sharing_from_the_config(tmp_path):
     job = JobShape.from_config(cfg, prompt_tokens=200)
     assert (job.prefix_sharing, job.prompt_tokens, job.n_samples, job.sft) == (True, 200, 4, False)
     assert job.lora_dropout
-    assert job.shares_prefixes and job.answer_tokens == cfg.rollout.max_new_tokens
+    assert job.shares_prefixes and job.seq_len - job.prompt_tokens == cfg.rollout.max_new_tokens
     assert not JobShape.from_config(cfg).shares_prefixes  # prompt unknown
     off = load_config(flags=run, overrides=["learner.prefix_sharing=false"])
     assert not JobShape.from_config(off, prompt_tokens=200).prefix_sharing
