@@ -20,13 +20,13 @@ collect() {
 wait_done() {
   local limit=${1:-${WAIT_S:-570}} t0=$SECONDS
   while [ ! -f "$W/done" ] && (( SECONDS - t0 < limit )); do
-    if ! { [ -f "$W/run.pid" ] && kill -0 "$(cat "$W/run.pid")" 2>/dev/null; }; then
+    if ! lives "$W/run.pid"; then
       echo "all.sh: no suite is running on this machine (see /tmp/rlsys-all.out); not waiting"; break
     fi
     sleep 5
   done
   collect
-  [ -f "$W/done" ] || ! kill -0 "$(cat "$W/run.pid" 2>/dev/null)" 2>/dev/null || echo "(still running: bash tests/gpu/all.sh wait)"
+  [ -f "$W/done" ] || ! lives "$W/run.pid" || echo "(still running: bash tests/gpu/all.sh wait)"
 }
 
 tests() {  # name, then pytest arguments: one background pytest, its log and its closing line in the summary

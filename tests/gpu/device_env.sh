@@ -6,3 +6,6 @@ export PYTHONPATH=/tmp/gpu-site/site:$PWD:$PWD/.devcarry/extra${PYTHONPATH:+:$PY
 export PATH=/tmp/gpu-site/site/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=token
 export RLSYS_CACHE=/tmp/rlsys-cache
+# lives PIDFILE: the process whose pid the file holds still runs (the `wait`s of session.sh and all.sh stop at once
+# otherwise: a queue that never started or died is not waited on, a wait costs device time)
+lives() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -83,7 +83,7 @@ case ${1:?start or wait} in
   wait)  # returns at once when no queue lives (never started, killed, or a fresh machine): a wait costs device time
     for _ in $(seq "$(( ${2:-60} / 5 ))"); do
       [ -f "$S/done" ] && break
-      if ! { [ -f "$S/queue.pid" ] && kill -0 "$(cat "$S/queue.pid")" 2>/dev/null; }; then
+      if ! lives "$S/queue.pid"; then
         echo "session.sh wait: no queue is running on this machine (see $S/queue.out); not waiting"; break
       fi
       sleep 5
