@@ -35,27 +35,60 @@ def preflight(cfg: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Everything that can be refused before Ray starts: the environment and its plug-ins, training and held-out
     data, a memory budget the job does not fit."""
     env = cfg.env.environment()
-    check_memory_budget(cfg)
     items = load_items(cfg.data, cfg.algo.name, env)
+    check_memory_budget(cfg, items)
     wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
     return items, load_eval_items(cfg.data, cfg.algo.name, env) if wants_eval else []
 
 
-def check_memory_budget(cfg: Config) -> None:
+def check_memory_budget(cfg: Config, items: list[dict[str, Any]] | None = None) -> None:
     """`rollout.gpu_memory_budget_gib`: estimate the co-located job's GPU memory (rlsys/memory.py) and refuse it
-    (ConfigError, exit 2: the estimate table and settings that fit) if it is over the budget or the device."""
+    (ConfigError, exit 2: the estimate table and settings that fit) if it is over the budget or the device.
+    Measures the prompt length first (into `rollout.budget_prompt_tokens`, unless set), as `rlsys tune` does,
+    so that a budget tune proposes passes here and the learner and the engines split it by the same estimate."""
     if cfg.rollout.gpu_memory_budget_gib is None:
         return
     from rlsys.memory import GIB, MemoryBudgetError, check_budget, device_total_bytes_nvml
 
+    model_path = resolve_model(cfg.model.ckpt)
+    prompt = "given"
+    if cfg.rollout.budget_prompt_tokens is None:
+        try:
+            cfg.rollout.budget_prompt_tokens = measured_prompt_tokens(cfg, model_path, items)
+            prompt = "measured" if cfg.rollout.budget_prompt_tokens else "unknown: sequences of max_model_len"
+        except Exception as err:  # noqa: BLE001 (no tokenizer, no chat template: the worst case, said)
+            prompt = f"not measured ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); " \
+                     "sequences of max_model_len"
     try:
-        est = check_budget(cfg, resolve_model(cfg.model.ckpt), device_total_bytes_nvml())
+        est = check_budget(cfg, model_path, device_total_bytes_nvml())
     except MemoryBudgetError as err:
         raise ConfigError(str(err)) from None
     split = est.split()
+    tokens = cfg.rollout.budget_prompt_tokens
     print(f"rlsys: memory budget {cfg.rollout.gpu_memory_budget_gib:g} GiB: estimated {est.total_bytes / GIB:.1f} GiB "
           f"(learner {est.learner_bytes / GIB:.1f}, engine {est.engine_bytes / GIB:.1f}); shares: learner "
-          f"{split.learner_bytes / GIB:.1f} GiB, engine {split.engine_bytes / GIB:.1f} GiB", flush=True)
+          f"{split.learner_bytes / GIB:.1f} GiB, engine {split.engine_bytes / GIB:.1f} GiB; prompts "
+          f"{f'{tokens} tokens, ' if tokens else ''}{prompt}", flush=True)
+
+
+MEASURED_ITEMS = 64  # the training items whose prompts `measured_prompt_tokens` renders
+
+
+def measured_prompt_tokens(cfg: Config, model_path: str, items: list[dict[str, Any]] | None = None) -> int | None:
+    """The longest prompt (chat template + tools) over the first `MEASURED_ITEMS` training items (``items``, or
+    loaded), in the model's tokens, for an environment whose agent sends one request per episode
+    (`Environment.first_request`); None otherwise (multi-turn or unknown prompts) and for SFT."""
+    env = cfg.env.environment()
+    if env.first_request is None or cfg.algo.name == "sft":
+        return None
+    from transformers import AutoTokenizer
+
+    from jobs.bench import first_prompts
+
+    if items is None:
+        items = load_items(cfg.data.model_copy(update={"num_items": min(cfg.data.num_items, MEASURED_ITEMS)}),
+                           cfg.algo.name, env)
+    return max(len(p) for p in first_prompts(env, items[:MEASURED_ITEMS], AutoTokenizer.from_pretrained(model_path)))
 
 
 def load_items(data: DataConfig, algo: str, env: Environment) -> list[dict[str, Any]]:

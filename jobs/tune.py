@@ -8,8 +8,8 @@ that look fastest within the budget: gradient checkpointing, 8-bit Adam, the mic
 a divisor of the sequences per optimizer step), the engine's concurrent sequences (`rollout.engine_max_batch`,
 up to the episodes of a step) and, when the prompt length is known, a tighter `rollout.max_model_len`. Then the
 command line to use. The prompt length is measured on the environment's requests when its agent sends one per
-episode (`Environment.first_request`), or given with `--prompt-tokens`; otherwise every sequence is assumed
-`max_model_len` long (the worst case).
+episode (`Environment.first_request`; `rlsys train` measures it the same way for its check), or given with
+`--prompt-tokens`; otherwise every sequence is assumed `max_model_len` long (the worst case).
 Exit status: 0 when something fits, 2 when nothing does (or the input is bad).
 """
 from __future__ import annotations
@@ -19,25 +19,10 @@ import math
 import sys
 from dataclasses import replace
 
+from jobs.items import measured_prompt_tokens
 from rlsys.config import Config, add_config_args, config_from_args
 from rlsys.errors import UserInputError
 from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, suggest
-
-def measured_prompt_tokens(cfg: Config, model_path: str) -> int | None:
-    """The longest prompt (chat template + tools) over the first few training items, in the model's tokens, for an
-    environment whose agent sends one request per episode (`Environment.first_request`); None otherwise (multi-turn
-    or unknown prompts) and for SFT."""
-    env = cfg.env.environment()
-    if env.first_request is None or cfg.algo.name == "sft":
-        return None
-    from transformers import AutoTokenizer
-
-    from jobs.bench import first_prompts
-    from jobs.items import load_items
-
-    items = load_items(cfg.data.model_copy(update={"num_items": min(cfg.data.num_items, 16)}), cfg.algo.name, env)
-    return max(len(p) for p in first_prompts(env, items[:16], AutoTokenizer.from_pretrained(model_path)))
-
 
 def tighter_max_model_len(job: JobShape, prompt_tokens: int | None, max_new_tokens: int) -> int | None:
     """prompt + max_new_tokens with a quarter of headroom, rounded up to 128; None if not below the current."""
@@ -87,7 +72,10 @@ def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | N
     else:
         lines.append("\nthe configuration as given is already the fastest that fits")
     base = ([f"--config {config_path}"] if config_path else []) + [f"--ckpt {cfg.model.ckpt}"]
-    lines.append("use: rlsys train " + " ".join([*base, f"--gpu-memory-budget-gib {budget_gib:g}", *proposal.flags()]))
+    # a prompt length given (not measured): the train command states it, so that its check and split agree
+    given = [f"rollout.budget_prompt_tokens={r.budget_prompt_tokens}"] if r.budget_prompt_tokens else []
+    lines.append("use: rlsys train " + " ".join([*base, f"--gpu-memory-budget-gib {budget_gib:g}", *proposal.flags(),
+                                                 *given]))
     return 0, "\n".join(lines)
 
 
@@ -105,8 +93,9 @@ def _value(v) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlsys tune", description=__doc__.splitlines()[0])
     add_config_args(parser)
-    parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default: measured for a "
-                        "single-request environment, else sequences are assumed max_model_len long)")
+    parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens, i.e. rollout.budget_prompt_tokens "
+                        "(default: measured for a single-request environment, as rlsys train measures it; else "
+                        "sequences are assumed max_model_len long)")
     args = parser.parse_args(argv)
     try:
         cfg = config_from_args(args)
@@ -116,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         from rlsys.models.resolve import resolve_model
 
         model_path = resolve_model(cfg.model.ckpt)
-        prompt = args.prompt_tokens or measured_prompt_tokens(cfg, model_path)
+        if args.prompt_tokens:
+            cfg.rollout.budget_prompt_tokens = args.prompt_tokens
+        prompt = cfg.rollout.budget_prompt_tokens or measured_prompt_tokens(cfg, model_path)
         status, report = tune(cfg, model_path, budget, prompt, args.config)
     except UserInputError as err:
         print(f"rlsys: {err}", file=sys.stderr)

@@ -137,6 +137,13 @@ class RolloutConfig(_Section):
     optimizer states, activations). Checked before Ray starts against an estimate (rlsys/memory.py; refused,
     with settings that fit, when over); the learner's allocator is capped at its share and vLLM sized from the
     rest. Unset: no check, vLLM takes a third of the device and the learner the rest."""
+    budget_prompt_tokens: int | None = Field(None, ge=1)
+    """The prompt length in tokens that the estimate behind `gpu_memory_budget_gib` assumes (with
+    `learner.prefix_sharing` a group's prompt runs through the learner once, so a short prompt is a much smaller
+    learner). Unset: `rlsys train` measures it before Ray starts, as `rlsys tune` does (the longest of the first
+    64 training items' first requests, in the model's tokens, where the environment gives its first request) and
+    the run's config.resolved.toml records it; where it cannot be measured (multi-turn, SFT) sequences are
+    assumed `max_model_len` long, the worst case. Set it for prompts longer than those the measure sees."""
     kv_cache_gib: float | None = Field(None, gt=0)
     """vLLM: a fixed KV cache of this many GiB (vLLM's `kv_cache_memory_bytes`) instead of sizing it by
     profiling at start-up. The profile assumes no other process changes its GPU memory meanwhile; set this

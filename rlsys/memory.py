@@ -224,8 +224,11 @@ class JobShape:
 
     @classmethod
     def from_config(cls, cfg: Any, prompt_tokens: int | None = None) -> JobShape:
-        """From an rlsys `Config`; ``prompt_tokens`` (when known) bounds the sequence length below max_model_len."""
+        """From an rlsys `Config`; ``prompt_tokens`` (when known; else the config's `rollout.budget_prompt_tokens`)
+        bounds the sequence length below max_model_len."""
         r = cfg.rollout
+        if prompt_tokens is None:
+            prompt_tokens = getattr(r, "budget_prompt_tokens", None)
         seq = r.max_model_len if prompt_tokens is None else min(r.max_model_len, prompt_tokens + r.max_new_tokens)
         d = 4 if cfg.model.dtype == "float32" else 2
         master = 4 if getattr(cfg.learner, "fp32_master", False) else d

@@ -394,6 +394,73 @@ def test_preflight_refuses_an_over_budget_job_with_config_error(qwen15b_folder, 
     check_memory_budget(ok)  # fits: no exception
 
 
+@pytest.fixture
+def qwen15b_with_tokenizer(qwen15b_folder):
+    """Qwen2.5-1.5B's shape with the tiny model's tokenizer and chat template: prompts to measure, no weights."""
+    import shutil
+
+    from rlsys.models.tiny import ensure_tiny_model
+
+    tiny = ensure_tiny_model()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny / name, qwen15b_folder / name)
+    return qwen15b_folder
+
+
+def test_train_check_measures_the_prompts_as_tune_does(qwen15b_with_tokenizer, tmp_path, capsys):
+    """A budget that fits the prompts the job sends (prefix sharing: each group's prompt once through the learner)
+    passes `rlsys train`'s check, as `rlsys tune` says; the learner and the engines split it by that estimate."""
+    from jobs.items import check_memory_budget, measured_prompt_tokens
+    from jobs.tune import main as tune_main
+    from rlsys.config import ConfigError, load_config
+    from rlsys.memory import budget_split, job_estimate
+
+    folder = qwen15b_with_tokenizer
+    flags = {"--ckpt": str(folder), "--gpu-memory-budget-gib": "40", "--batch-size": "4", "--n-samples": "8",
+             "--adam-8bit": True, "--run-dir": str(tmp_path / "run")}
+    overrides = ["rollout.max_model_len=1024", "learner.prefix_sharing=true", "learner.micro_batch_tokens=8192"]
+    cfg = load_config(flags=flags, overrides=overrides)
+    measured = measured_prompt_tokens(cfg, str(folder))
+    assert measured > 200  # the tic-tac-toe system prompt, tool schema and board
+    assert not job_estimate(cfg, folder).fits  # sequences of max_model_len: over 40 GiB
+    assert job_estimate(cfg, folder, prompt_tokens=measured).fits
+
+    check_memory_budget(cfg)  # passes: it measured the prompts first
+    assert cfg.rollout.budget_prompt_tokens == measured
+    assert f"prompts {measured} tokens, measured" in capsys.readouterr().out
+    assert budget_split(cfg, folder) == job_estimate(cfg, folder, prompt_tokens=measured).split()
+    # tune, on the same config, says it fits as configured
+    assert tune_main(["--ckpt", str(folder), "--gpu-memory-budget-gib", "40", "--batch-size", "4", "--n-samples", "8",
+                      "--adam-8bit", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert f"{measured}-token prompts" in out and "-> fits" in out.split("proposed:")[0]
+
+    # a length stated in the config is kept, not measured over, and both the check and the split count it
+    stated = load_config(flags=flags, overrides=[*overrides, "rollout.budget_prompt_tokens=600"])
+    check_memory_budget(stated)
+    assert stated.rollout.budget_prompt_tokens == 600 and "prompts 600 tokens, given" in capsys.readouterr().out
+    assert budget_split(stated, folder) == job_estimate(stated, folder, prompt_tokens=600).split() \
+        != budget_split(cfg, folder)
+    # and where the prompts do not fit the budget, the check still refuses (no prefix sharing: 54 GiB)
+    plain = load_config(flags=flags, overrides=[*overrides, "learner.prefix_sharing=false"])
+    with pytest.raises(ConfigError, match="over its 40.0 GiB budget"):
+        check_memory_budget(plain)
+    assert plain.rollout.budget_prompt_tokens == measured
+
+
+def test_train_check_without_a_tokenizer_assumes_the_worst_case_and_says_why(qwen15b_folder, tmp_path, capsys):
+    from jobs.items import check_memory_budget
+    from rlsys.config import load_config
+
+    ok = load_config(flags={"--ckpt": str(qwen15b_folder), "--gpu-memory-budget-gib": "24", "--mini-bs": "2",
+                            "--adam-8bit": True, "--run-dir": str(tmp_path / "run")},
+                     overrides=["rollout.max_model_len=512", "model.gradient_checkpointing=true"])
+    check_memory_budget(ok)  # a config.json alone: no prompts to measure, the plain estimate fits
+    assert ok.rollout.budget_prompt_tokens is None
+    out = capsys.readouterr().out
+    assert "prompts not measured (" in out and "); sequences of max_model_len" in out
+
+
 def test_train_exits_2_before_ray_when_over_budget(qwen15b_folder, tmp_path, capsys):
     from jobs.train import main
 
@@ -414,6 +481,7 @@ def test_tune_proposes_flags_that_fit(qwen15b_folder, capsys):
     assert "does NOT fit" in out and "proposed:" in out
     use = [line for line in out.splitlines() if line.startswith("use: rlsys train")]
     assert use and "--gpu-memory-budget-gib 24" in use[0] and "learner.mini_bs=" in use[0]
+    assert "rollout.budget_prompt_tokens=240" in use[0]  # the length given here, for train's check and split
     # the proposal is a valid config and passes the check
     from rlsys.config import load_config
     from rlsys.memory import job_estimate
