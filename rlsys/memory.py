@@ -67,6 +67,7 @@ every one is at or under the estimate, by at most 1.6x. The constants marked "ca
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -523,9 +524,11 @@ def _lora_estimate(model: ModelShape, job: JobShape, micro: MicroBatch, activati
 
 
 def minimum_bytes(model: ModelShape, job: JobShape) -> int:
-    """The smallest estimate over the settings `suggest` may change (one sequence, checkpointing, 8-bit Adam)."""
-    small = replace(job, mini_bs=1, gradient_checkpointing=True, adam_8bit=True, engine_max_batch=1)
-    return estimate(model, small).total_bytes
+    """The smallest estimate over the settings `suggest` may change (one sequence per micro-batch, 8-bit Adam, one
+    engine sequence; with gradient checkpointing or without it, where the learner then shares the prompts)."""
+    one = replace(job, mini_bs=1, micro_batch_tokens=job.seq_len if job.micro_batch_tokens else None, adam_8bit=True,
+                  engine_max_batch=1)
+    return min(estimate(model, replace(one, gradient_checkpointing=c)).total_bytes for c in (True, False))
 
 
 # ------------------------------------------------------------------ searching settings that fit
@@ -553,32 +556,57 @@ def _divisors_desc(n: int) -> list[int]:
     return [k for k in range(n, 0, -1) if n % k == 0]
 
 
+def _token_budgets_desc(job: JobShape) -> list[int]:
+    """`learner.micro_batch_tokens` to try: the current one, then halved down to one sequence (`seq_len`)."""
+    out, t = [job.micro_batch_tokens], job.micro_batch_tokens // 2
+    while t >= job.seq_len:
+        out.append(t)
+        t //= 2
+    if out[-1] > job.seq_len:
+        out.append(job.seq_len)
+    return out
+
+
+def learner_cost(job: JobShape, per_minibatch: int) -> float:
+    """`suggest`'s rough learner time per sequence: the arithmetic (1) plus a fixed cost per pass through the layers
+    (measured: the learner's time is a count of passes, ~0.2 s each on an H100 whatever a micro-batch holds, and
+    prefix sharing makes two a micro-batch: docs/performance.md, section 7), x1.3 under gradient checkpointing."""
+    micro_batches = math.ceil(per_minibatch / job.micro_rows)
+    passes = micro_batches * (2 if job.shares_prefixes else 1)
+    return (1.3 if job.gradient_checkpointing else 1.0) * (1 + passes / per_minibatch)
+
+
 def suggest(model: ModelShape, job: JobShape, budget_gib: float, *, per_minibatch: int | None = None,
             max_concurrency: int | None = None, allow_8bit: bool = True) -> Proposal | None:
     """The settings that fit ``budget_gib`` and look fastest, or None. Searched: gradient checkpointing, 8-bit Adam,
-    the micro-batch (a divisor of ``per_minibatch``, default the current micro-batch) and the engine's concurrent
-    sequences (up to ``max_concurrency``, default the current min(engine_max_batch, episodes per step)).
-    "Fastest" is a rough cost model: checkpointing costs ~30% of learner time, a micro-batch of b sequences
-    1 + 1/b per sequence (launch overhead), c concurrent sequences 1 + 4/c of rollout time; 8-bit Adam is free.
-    Ties go to the fewest changes. A proposal leaves SUGGEST_MARGIN of the budget unused."""
+    the micro-batch (a divisor of ``per_minibatch``, default the current micro-batch; or, where the job sizes its
+    micro-batches by `learner.micro_batch_tokens`, that budget halved down to one sequence) and the engine's
+    concurrent sequences (up to ``max_concurrency``, default the current min(engine_max_batch, episodes per step)).
+    "Fastest" is a rough cost model: `learner_cost` (passes through the layers; checkpointing ~30% more and no
+    prefix sharing), c concurrent sequences 1 + 4/c of rollout time; 8-bit Adam is free. Ties go to the fewest
+    changes. A proposal leaves SUGGEST_MARGIN of the budget unused."""
     current = min(job.engine_max_batch, job.concurrency)
     top = max_concurrency or current
     concurrency = [top] + [c for c in (256, 128, 64, 32, 16, 8, 4, 2, 1) if c < top]
     adam = [job.adam_8bit] + ([True] if allow_8bit and not job.adam_8bit else [])
     checkpointing = [job.gradient_checkpointing] + ([True] if not job.gradient_checkpointing else [])
+    per = per_minibatch or job.micro_rows
+    if job.micro_batch_tokens:
+        micro = [{"micro_batch_tokens": t} for t in _token_budgets_desc(job)]
+    else:
+        micro = [{"mini_bs": b} for b in _divisors_desc(per_minibatch or job.mini_bs)]
     best: tuple[float, int, Proposal] | None = None
     for eight_bit in adam:
         for ckpt in checkpointing:
-            # a token budget sizes the micro-batches instead (kept as the user set it)
-            for mbs in [job.mini_bs] if job.micro_batch_tokens else _divisors_desc(per_minibatch or job.mini_bs):
+            for size in micro:
                 for conc in concurrency:
                     engine_max = conc if conc != current else job.engine_max_batch
-                    cand = replace(job, adam_8bit=eight_bit, gradient_checkpointing=ckpt, mini_bs=mbs,
-                                   engine_max_batch=engine_max)
+                    cand = replace(job, adam_8bit=eight_bit, gradient_checkpointing=ckpt, engine_max_batch=engine_max,
+                                   **size)
                     est = estimate(model, cand, budget_gib)
                     if est.total_bytes > (1 - SUGGEST_MARGIN) * est.budget_bytes:
                         continue
-                    cost = (1.3 if ckpt else 1.0) * (1 + 1 / mbs) + (1 + 4 / conc)
+                    cost = learner_cost(cand, per) + (1 + 4 / conc)
                     prop = Proposal(job=cand, estimate=est, changed=_changes(job, cand))
                     key = (round(cost, 6), len(prop.changed))
                     if best is None or key < best[:2]:
@@ -588,7 +616,8 @@ def suggest(model: ModelShape, job: JobShape, budget_gib: float, *, per_minibatc
 
 def _changes(old: JobShape, new: JobShape) -> dict[str, Any]:
     keys = {"adam_8bit": "learner.adam_8bit", "gradient_checkpointing": "model.gradient_checkpointing",
-            "mini_bs": "learner.mini_bs", "engine_max_batch": "rollout.engine_max_batch",
+            "mini_bs": "learner.mini_bs", "micro_batch_tokens": "learner.micro_batch_tokens",
+            "engine_max_batch": "rollout.engine_max_batch",
             "max_model_len": "rollout.max_model_len"}
     return {dotted: getattr(new, k) for k, dotted in keys.items() if getattr(new, k) != getattr(old, k)}
 

@@ -132,6 +132,26 @@ def test_suggest_fits_with_margin_or_says_none():
     assert suggest(shape, job, 6) is None  # the weights alone (learner + engine copies) are ~14 GiB
 
 
+def test_suggest_shrinks_a_token_budget_and_keeps_the_shared_prompts():
+    """The GPU recipe's learner (LoRA r=16, micro-batches of 16,384 padded tokens, 250-token prompts shared by groups
+    of 8) is ~23 GiB in all: under 16 GiB `suggest` halves `learner.micro_batch_tokens` and keeps prefix sharing
+    rather than turning on checkpointing (which runs every prompt 8 times), where it once found nothing."""
+    from rlsys.memory import learner_cost, minimum_bytes
+
+    shape = ModelShape.from_config(QWEN05B)
+    job = _lora_point(micro_batch_tokens=16384, seq_len=346, max_model_len=1024, prompt_tokens=250, concurrency=32,
+                      engine_max_batch=256, enforce_eager=True)
+    assert job.shares_prefixes and estimate(shape, job).total_bytes > 20 * GIB
+    assert minimum_bytes(shape, job) < 12 * GIB  # one sequence per micro-batch, still sharing
+    prop = suggest(shape, job, 16, per_minibatch=32, max_concurrency=32)
+    assert prop is not None and prop.estimate.total_bytes <= 0.9 * 16 * GIB
+    assert prop.changed == {"learner.micro_batch_tokens": 4096} and prop.job.shares_prefixes
+    # the cost model: passes through the layers, two a micro-batch with sharing, checkpointing 30% more
+    four = replace(job, micro_batch_tokens=4096)  # 11 rows of 346 a micro-batch: 3 micro-batches for 32 rows
+    assert learner_cost(four, 32) == pytest.approx(1 + 6 / 32)
+    assert learner_cost(replace(four, gradient_checkpointing=True), 32) == pytest.approx(1.3 * (1 + 3 / 32))
+
+
 def test_module_imports_without_torch_or_ray():
     code = "import sys, rlsys.memory; print(json.dumps(sorted(m for m in ('torch', 'ray') if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
@@ -480,7 +500,9 @@ def test_tune_proposes_flags_that_fit(qwen15b_folder, capsys):
     assert rc == 0
     assert "does NOT fit" in out and "proposed:" in out
     use = [line for line in out.splitlines() if line.startswith("use: rlsys train")]
-    assert use and "--gpu-memory-budget-gib 24" in use[0] and "learner.mini_bs=" in use[0]
+    # the learner's memory levers: a smaller micro-batch, or checkpointing (which gives up the shared prompts)
+    assert use and "--gpu-memory-budget-gib 24" in use[0]
+    assert "learner.mini_bs=" in use[0] or "model.gradient_checkpointing=true" in use[0]
     assert "rollout.budget_prompt_tokens=240" in use[0]  # the length given here, for train's check and split
     # the proposal is a valid config and passes the check
     from rlsys.config import load_config
