@@ -186,7 +186,7 @@ class JobShape:
     seq_len: int = 2048  # tokens of one training sequence (prompt + completion)
     max_model_len: int = 2048
     engine_max_batch: int = 64  # vLLM max_num_seqs
-    concurrency: int = 16  # episodes in flight in one step (batch_size x n_samples)
+    concurrency: int = 16  # episodes in flight at once in a step (`sampled_groups` x n_samples)
     enforce_eager: bool = False
     reference_model: bool = False  # algo.kl_coef: a frozen copy of the initial weights in the learner
     entropy_bonus: bool = False  # algo.entropy_coef: the entropy's logit gradient in backward
@@ -240,7 +240,7 @@ class JobShape:
                    gradient_checkpointing=cfg.model.gradient_checkpointing, mini_bs=cfg.learner.mini_bs,
                    micro_batch_tokens=getattr(cfg.learner, "micro_batch_tokens", None), seq_len=seq,
                    max_model_len=r.max_model_len, engine_max_batch=r.engine_max_batch,
-                   concurrency=r.batch_size * (1 if cfg.algo.name == "sft" else r.n_samples),
+                   concurrency=sampled_groups(cfg) * (1 if sft else r.n_samples),
                    enforce_eager=r.enforce_eager,
                    # with LoRA the KL reference is the frozen base with the adapters off: no copy
                    reference_model=bool(getattr(cfg.algo, "kl_coef", 0.0)) and not lora_on,
@@ -620,6 +620,24 @@ def _changes(old: JobShape, new: JobShape) -> dict[str, Any]:
             "engine_max_batch": "rollout.engine_max_batch",
             "max_model_len": "rollout.max_model_len"}
     return {dotted: getattr(new, k) for k, dotted in keys.items() if getattr(new, k) != getattr(old, k)}
+
+
+def sampled_groups(cfg: Any) -> int:
+    """Boards in flight at once in a step: `rollout.batch_size`, or under `algo.dynamic_sampling` a round's most,
+    `batch_size x max_oversample` (jobs/job.py `rollout_until_full`: each round's boards all at once)."""
+    a = cfg.algo
+    if a.name != "sft" and getattr(a, "dynamic_sampling", False):
+        return math.ceil(cfg.rollout.batch_size * a.max_oversample)
+    return cfg.rollout.batch_size
+
+
+def trained_groups(cfg: Any) -> int:
+    """Groups in a step's update: `rollout.batch_size`, plus `algo.unanimous_groups` where dynamic sampling brings
+    them in against the batch baseline."""
+    a = cfg.algo
+    extra = getattr(a, "unanimous_groups", 0) if getattr(a, "dynamic_sampling", False) and \
+        getattr(a, "unanimous_baseline", "none") == "batch" else 0
+    return cfg.rollout.batch_size + (0 if a.name == "sft" else extra)
 
 
 # ------------------------------------------------------------------ the job's check and split

@@ -152,6 +152,31 @@ def test_suggest_shrinks_a_token_budget_and_keeps_the_shared_prompts():
     assert learner_cost(replace(four, gradient_checkpointing=True), 32) == pytest.approx(1.3 * (1 + 3 / 32))
 
 
+def test_dynamic_sampling_counts_a_rounds_boards_in_the_engine_and_the_unanimous_groups_in_the_update(tmp_path,
+                                                                                                        capsys):
+    from jobs.tune import main
+    from rlsys.config import load_config
+
+    folder = tmp_path / "q05"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN05B))
+    recipe = load_config(path="configs/tictactoe-qwen0.5b.toml", flags={"--ckpt": str(folder)})
+    a, r = recipe.algo, recipe.rollout
+    assert a.dynamic_sampling and a.unanimous_baseline == "batch" and a.unanimous_groups == 2
+    job = JobShape.from_config(recipe, prompt_tokens=250)
+    assert job.concurrency == r.batch_size * a.max_oversample * r.n_samples == 256  # a round's boards at once
+    plain = load_config(path="configs/tictactoe-qwen0.5b.toml", flags={"--ckpt": str(folder)},
+                        overrides=["algo.dynamic_sampling=false", "algo.unanimous_groups=0"])
+    assert JobShape.from_config(plain, prompt_tokens=250).concurrency == 32
+    shape = ModelShape.from_config(QWEN05B)
+    kv = {j: estimate(shape, JobShape.from_config(c, prompt_tokens=250)).engine["KV cache"]
+          for j, c in (("ds", recipe), ("plain", plain))}
+    assert kv["ds"] == 8 * kv["plain"]
+    main(["--config", "configs/tictactoe-qwen0.5b.toml", "--ckpt", str(folder), "--gpu-memory-budget-gib", "24",
+          "--prompt-tokens", "250"])
+    assert "256 episodes in flight, 48 sequences per optimizer step" in capsys.readouterr().out  # (4 + 2) x 8
+
+
 def test_module_imports_without_torch_or_ray():
     code = "import sys, rlsys.memory; print(json.dumps(sorted(m for m in ('torch', 'ray') if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
