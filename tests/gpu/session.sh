@@ -10,9 +10,12 @@
 # RUNS=none: the benchmarks only (no Qwen bundle needed), e.g. RUNS=none BENCH="startup bench-step" ... start
 # A run of another config: NAME@CONFIG=overrides, e.g. RUNS="gsm@configs/gsm-qwen0.5b.toml=seed=0".
 # FIRST_ALONE=0: start every run 20 s apart at once (when the start-up is not what is measured).
+# At most MAX_RUNS runs at once (default: the GPU's memory / RUN_GIB, 24: a Qwen 0.5B tic-tac-toe run at
+# kv_cache_gib 3 held 20-23 GiB, and a fourth beside three died of CUDA OOM on an H100, 2026-12-05): the others wait
+# for a slot. STAGGER_S (20): the seconds between two starts.
 set -u
 source "$(dirname "$0")/device_env.sh"  # $out, PYTHONPATH, the GPU environment
-S=${RLSYS_SESSION_DIR:-/tmp/rlsys-session} runs=/tmp/qwen-runs
+S=${RLSYS_SESSION_DIR:-/tmp/rlsys-session} runs=${RLSYS_RUNS_DIR:-/tmp/qwen-runs}
 mkdir -p "$S" "$runs"
 gguf=${GGUF:-/tmp/qwen/qwenpack/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 log() { echo "[$(date +%T)] $*" >> "$S/queue.log"; }
@@ -25,6 +28,13 @@ train() {  # train NAME ARGS...: one rlsys train in the background, its log besi
     python3 -m rlsys.cli report "$runs/$name" --window 20 > "$runs/$name.report" 2>&1 ) &
 }
 
+slots() {  # runs that fit the GPU at once: MAX_RUNS, else its memory / RUN_GIB (one at least)
+  local mib
+  if [ -n "${MAX_RUNS:-}" ]; then echo "$MAX_RUNS"; return; fi
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  echo $(( ${mib:-0} / 1024 / ${RUN_GIB:-24} > 1 ? ${mib:-0} / 1024 / ${RUN_GIB:-24} : 1 ))
+}
+
 queue() {
   echo $$ > "$S/queue.pid"  # `wait` checks that this process lives
   # the GGUF's conversion here, detached, not in the start call: it took 136 s on a fresh H200 (2026-12-04) and a
@@ -32,20 +42,23 @@ queue() {
   [ "${RUNS:-}" = none ] || python3 -c "import sys, time; t=time.time(); from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1])); print(f'convert {time.time()-t:.1f} s')" "$gguf" >> "$S/queue.log" 2>&1
   export RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.04  # several local Rays: 30% of RAM each does not fit
   local common=(--ckpt "$gguf" ${FLAGS:-} rollout.kv_cache_gib=${KV_GIB:-3} eval.every=100 ${EXTRA:-})  # flags, then dotted
-  local first=1 spec name ov cfg
+  local first=1 spec name ov cfg max
+  max=$(slots); log "at most $max run(s) at once"
   [ "${RUNS:-}" = none ] && RUNS=  # benchmarks only
   for spec in ${RUNS-lr1e-5=learner.lr=1e-5}; do  # NAME=dotted.key=value,dotted.key=value
     name=${spec%%=*} ov=${spec#*=} cfg=configs/tictactoe-qwen0.5b.toml
     case $name in *@*) cfg=${name#*@} name=${name%%@*} ;; esac
+    while (( $(jobs -rp | wc -l) >= max )); do wait -n; done  # a slot: a run ended
     train "$name" --config "$cfg" --max-steps "${STEPS:-400}" "${common[@]}" ${ov//,/ }
     if (( first )) && [ "${FIRST_ALONE:-1}" = 1 ]; then  # alone until its first step (a fresh machine's start-up)
       first=0
       for _ in $(seq 60); do [ -s "$runs/$name/metrics.jsonl" ] || grep -q "^rc=" "$runs/$name.log" && break; sleep 5; done
       log "$name: first step logged"
     else
-      sleep 20  # vLLM picks its ports at start: keep the starts apart
+      sleep "${STAGGER_S:-20}"  # vLLM picks its ports at start: keep the starts apart
     fi
   done
+  while [ -n "${GAME_STEPS:-}" ] && (( $(jobs -rp | wc -l) >= max )); do wait -n; done
   [ -n "${GAME_STEPS:-}" ] && train game --config configs/tictactoe-game-qwen0.5b.toml --max-steps "$GAME_STEPS" \
     "${common[@]}" eval.every=0
   wait

@@ -41,3 +41,38 @@ def test_wait_returns_at_once_without_a_queue_and_waits_for_a_live_one(tmp_path,
         sleeper.kill()
     assert took >= 5, f"{script} wait returned after {took:.1f} s while its queue still ran"
     assert took < 40 and "not waiting" in said, (took, said)  # and stopped once it had ended
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# stands in for python3 on the GPU machine: `-m rlsys.cli train ... --run-dir DIR` logs its start and end
+if [ "$1 $2 $3" = "-m rlsys.cli train" ]; then
+  while [ $# -gt 0 ]; do [ "$1" = --run-dir ] && dir=$2; shift; done
+  echo "start $(basename "$dir") $(date +%s.%N)" >> "$FAKE_LOG"; sleep 1.5
+  echo "end $(basename "$dir") $(date +%s.%N)" >> "$FAKE_LOG"
+fi
+exit 0
+"""
+
+
+def test_session_queue_runs_at_most_max_runs_at_once(tmp_path):
+    """A fourth Qwen 0.5B run beside three died of CUDA OOM on an H100 (2026-12-05): the queue starts no more than
+    the GPU holds (MAX_RUNS, else its memory / RUN_GIB) and starts the next one when a run ends."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(FAKE_PYTHON)
+    (fake / "python3").chmod(0o755)
+    log = tmp_path / "runs.log"
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(log), "OUT": str(tmp_path / "out"),
+           "RLSYS_SESSION_DIR": str(tmp_path / "session"), "RLSYS_RUNS_DIR": str(tmp_path / "runs"),
+           "RUNS": "a=seed=0 b=seed=1 c=seed=2 d=seed=3 e=seed=4", "MAX_RUNS": "2", "FIRST_ALONE": "0",
+           "STAGGER_S": "0"}
+    subprocess.run(["bash", "tests/gpu/session.sh", "queue"], cwd=ROOT, env=env, check=True, timeout=120)
+    events = sorted((float(t), kind, name) for kind, name, t in (line.split() for line in log.read_text().splitlines()))
+    assert sorted(name for _, kind, name in events if kind == "start") == list("abcde")
+    running, most = 0, 0
+    for _, kind, _ in events:
+        running += 1 if kind == "start" else -1
+        most = max(most, running)
+    assert most == 2, events  # two at once, never three
+    assert "at most 2 run(s) at once" in (tmp_path / "session" / "queue.log").read_text()
+    assert (tmp_path / "session" / "done").exists()
