@@ -22,8 +22,7 @@ from dataclasses import replace
 from jobs.items import measured_prompt_tokens
 from rlsys.config import Config, add_config_args, config_from_args
 from rlsys.errors import UserInputError
-from rlsys.memory import (GIB, JobShape, ModelShape, estimate, read_model_config, sampled_groups, suggest,
-                          trained_groups)
+from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, suggest, trained_groups
 
 def tighter_max_model_len(job: JobShape, prompt_tokens: int | None, max_new_tokens: int) -> int | None:
     """prompt + max_new_tokens with a quarter of headroom, rounded up to 128; None if not below the current."""
@@ -39,9 +38,8 @@ def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | N
     shape = ModelShape.from_config(read_model_config(model_path))
     job = JobShape.from_config(cfg, prompt_tokens)
     r = cfg.rollout
-    samples = 1 if cfg.algo.name == "sft" else r.n_samples
-    episodes = sampled_groups(cfg) * samples  # in flight at once (a dynamic-sampling round at its largest)
-    per_minibatch = trained_groups(cfg) * samples // cfg.algo.n_minibatches
+    episodes = job.concurrency  # in flight at once (a dynamic-sampling round at its largest)
+    per_minibatch = trained_groups(cfg) * job.n_samples // cfg.algo.n_minibatches
     prompt = f"{prompt_tokens}-token prompts" if prompt_tokens else "prompt length unknown: sequences of max_model_len"
     lines = [f"rlsys tune: {model_path}, budget {budget_gib:g} GiB, {episodes} episodes in flight, "
              f"{per_minibatch} sequences per optimizer step, {prompt}", "", "as configured:"]

@@ -56,11 +56,12 @@ vocabulary, h = hidden, q = heads x head_dim, i = intermediate, L = layers, r = 
   buffers only the adapters in d; no KL reference copy (the base with the adapters off is the reference); the engine
   adds the kept base copy of the targeted layers (rlsys/lora.py `LoraMerge`: their out*in parameters per layer, d
   bytes each);
-- engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, batch_size*n_samples) sequences (never less
-  than one `max_model_len` sequence, which vLLM insists on), activations of one scheduler step, CUDA graphs
+- engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, boards in flight x n_samples) sequences (the
+  boards: `batch_size`, or a dynamic-sampling round's most, `sampled_groups`; never less than one `max_model_len`
+  sequence, which vLLM insists on), activations of one scheduler step, CUDA graphs
   (unless `enforce_eager`), and its CUDA context (outside `gpu_memory_utilization`).
-The sequence length is `prompt_tokens + max_new_tokens` when the prompt length is known (`rlsys tune` measures
-it for tic-tac-toe), else `max_model_len` (the worst case, and no prefix sharing counted). Calibrated against the
+The sequence length is `prompt_tokens + max_new_tokens` when the prompt length is known (`rollout.budget_prompt_tokens`,
+which `rlsys train` and `rlsys tune` measure for a single-request environment), else `max_model_len` (the worst case, and no prefix sharing counted). Calibrated against the
 learner's measured peaks (docs/performance.md, section 4, "The learner's estimate against the measured peaks"):
 every one is at or under the estimate, by at most 1.6x. The constants marked "calibrate" are first guesses.
 """
@@ -623,21 +624,24 @@ def _changes(old: JobShape, new: JobShape) -> dict[str, Any]:
 
 
 def sampled_groups(cfg: Any) -> int:
-    """Boards in flight at once in a step: `rollout.batch_size`, or under `algo.dynamic_sampling` a round's most,
-    `batch_size x max_oversample` (jobs/job.py `rollout_until_full`: each round's boards all at once)."""
+    """Boards in flight at once in a step: `rollout.batch_size`, or under `algo.dynamic_sampling` its largest round,
+    which `GroupSieve` sizes when no group had signal lately (`batch_size x max_oversample`; each round's boards run
+    all at once, jobs/job.py `rollout_until_full`)."""
+    from rlsys.sampling import GroupSieve
+
     a = cfg.algo
-    if a.name != "sft" and getattr(a, "dynamic_sampling", False):
-        return math.ceil(cfg.rollout.batch_size * a.max_oversample)
-    return cfg.rollout.batch_size
+    enabled = a.name != "sft" and getattr(a, "dynamic_sampling", False)
+    sieve = GroupSieve(want=cfg.rollout.batch_size, max_oversample=getattr(a, "max_oversample", 1.0), enabled=enabled)
+    return sieve.first_round(signal_rate=0.0)
 
 
 def trained_groups(cfg: Any) -> int:
     """Groups in a step's update: `rollout.batch_size`, plus `algo.unanimous_groups` where dynamic sampling brings
     them in against the batch baseline."""
     a = cfg.algo
-    extra = getattr(a, "unanimous_groups", 0) if getattr(a, "dynamic_sampling", False) and \
-        getattr(a, "unanimous_baseline", "none") == "batch" else 0
-    return cfg.rollout.batch_size + (0 if a.name == "sft" else extra)
+    brings = (a.name != "sft" and getattr(a, "dynamic_sampling", False)
+              and getattr(a, "unanimous_baseline", "none") == "batch")
+    return cfg.rollout.batch_size + (getattr(a, "unanimous_groups", 0) if brings else 0)
 
 
 # ------------------------------------------------------------------ the job's check and split

@@ -35,6 +35,10 @@ slots() {  # runs that fit the GPU at once: MAX_RUNS, else its memory / RUN_GIB 
   echo $(( ${mib:-0} / 1024 / ${RUN_GIB:-24} > 1 ? ${mib:-0} / 1024 / ${RUN_GIB:-24} : 1 ))
 }
 
+wait_for_slot() {  # until fewer than $max runs are running (one ended)
+  while (( $(jobs -rp | wc -l) >= max )); do wait -n; done
+}
+
 queue() {
   echo $$ > "$S/queue.pid"  # `wait` checks that this process lives
   # the GGUF's conversion here, detached, not in the start call: it took 136 s on a fresh H200 (2026-12-04) and a
@@ -48,7 +52,7 @@ queue() {
   for spec in ${RUNS-lr1e-5=learner.lr=1e-5}; do  # NAME=dotted.key=value,dotted.key=value
     name=${spec%%=*} ov=${spec#*=} cfg=configs/tictactoe-qwen0.5b.toml
     case $name in *@*) cfg=${name#*@} name=${name%%@*} ;; esac
-    while (( $(jobs -rp | wc -l) >= max )); do wait -n; done  # a slot: a run ended
+    wait_for_slot
     train "$name" --config "$cfg" --max-steps "${STEPS:-400}" "${common[@]}" ${ov//,/ }
     if (( first )) && [ "${FIRST_ALONE:-1}" = 1 ]; then  # alone until its first step (a fresh machine's start-up)
       first=0
@@ -58,9 +62,8 @@ queue() {
       sleep "${STAGGER_S:-20}"  # vLLM picks its ports at start: keep the starts apart
     fi
   done
-  while [ -n "${GAME_STEPS:-}" ] && (( $(jobs -rp | wc -l) >= max )); do wait -n; done
-  [ -n "${GAME_STEPS:-}" ] && train game --config configs/tictactoe-game-qwen0.5b.toml --max-steps "$GAME_STEPS" \
-    "${common[@]}" eval.every=0
+  [ -n "${GAME_STEPS:-}" ] && { wait_for_slot; train game --config configs/tictactoe-game-qwen0.5b.toml \
+    --max-steps "$GAME_STEPS" "${common[@]}" eval.every=0; }
   wait
   log "training runs done"
   if [ -n "${BENCH:-}" ]; then
