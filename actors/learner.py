@@ -20,6 +20,9 @@ batch = `algo.n_minibatches` optimizer steps, each over micro-batches of `learne
   as `train/kl_ref`) give zero-advantage sequences a gradient too, so with either set every sequence runs.
   The reference (`load_reference`) is the initial model `model.ckpt`, also when a resumed job's policy starts
   from a checkpoint: a resume reloads it from there, never from the checkpoint.
+- `algo.entropy_target` (Skywork-OR1's adaptive entropy control, `rlsys.algos.EntropyController`): after each
+  `train` call the entropy coefficient moves with that call's `train/entropy` (averaged over the ranks, so they
+  all apply the same one); the next call applies it, logged as `train/entropy_coef`, and checkpoints keep it.
 - LoRA (`learner.lora.enabled`, rlsys/lora.py): the model is the frozen base wrapped by peft; only the adapters
   are parameters of the optimizer, pushed (`export_weights`) and counted (`num_parameters`), and a checkpoint holds
   them in peft's format; `load_state` loads them back into the base the job started from.
@@ -31,14 +34,15 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlsys.algos import (GRPOConfig, GSPOConfig, RegularizerConfig, group_advantages, grpo_loss, gspo_loss, masked_mean,
-                         regularizer_loss, sft_loss, token_entropy, token_logprobs, top_entropy_mask)
+from rlsys.algos import (EntropyController, GRPOConfig, GSPOConfig, RegularizerConfig, group_advantages, grpo_loss,
+                         gspo_loss, masked_mean, regularizer_loss, sft_loss, token_entropy, token_logprobs,
+                         top_entropy_mask)
 from rlsys.config import AlgoConfig, LearnerConfig, ModelConfig
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported)
@@ -165,7 +169,14 @@ class Learner:
         low, high = cfg.algo.clip_eps()
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
-        self._reg = RegularizerConfig(entropy_coef=cfg.algo.entropy_coef, kl_coef=cfg.algo.kl_coef)
+        # algo.entropy_target: the entropy coefficient adapts after each `train` call (`_adapt_entropy_coef`); the
+        # first call applies algo.entropy_coef, the starting coefficient
+        algo = cfg.algo
+        self._entropy_ctl = (EntropyController(target=algo.entropy_target, step=algo.entropy_coef_step,
+                                               max_coef=algo.entropy_coef_max, coef=algo.entropy_coef,
+                                               active=algo.entropy_coef)
+                             if algo.entropy_target is not None else None)
+        self._reg = RegularizerConfig(entropy_coef=algo.entropy_coef, kl_coef=algo.kl_coef)
         # the frozen initial policy of the KL penalty; None when it is off, and with LoRA, whose reference is the
         # frozen base itself run with the adapters switched off (`_ref_logprobs`): no second copy of the weights
         self.ref_model = (load_reference(cfg.model, cfg.algo.kl_coef, self.device, self.dtype)
@@ -251,8 +262,11 @@ class Learner:
             adv_metrics: dict[str, float] = {}
         else:
             rows, adv_metrics = self._policy_rows(trajs)
-        if not rows:
-            return {**adv_metrics, "train/skipped_steps": 0.0, "train/num_sequences": 0.0}
+        if not rows:  # nothing trained, nothing measured: the entropy coefficient stays as it is
+            empty = {**adv_metrics, "train/skipped_steps": 0.0, "train/num_sequences": 0.0}
+            if self._entropy_ctl is not None:
+                empty["train/entropy_coef"] = self._reg.entropy_coef
+            return empty
         chunks = _split(rows, self.cfg.algo.n_minibatches)
         self._last_trained: list[Segment] = []
         self._tokens = [0, 0]
@@ -298,7 +312,26 @@ class Learner:
             out["train/prefix_saved_frac"] = self._tokens[0] / max(self._tokens[1], 1)
         out["train/padded_frac"] = self._padding[0] / max(self._padding[1], 1)
         out["train/micro_batches"] = float(self._micro)
+        if self._entropy_ctl is not None:
+            out["train/entropy_coef"] = self._reg.entropy_coef  # the one this call applied
+            self._adapt_entropy_coef(out.get("train/entropy", math.nan))
         return out
+
+    def _adapt_entropy_coef(self, entropy: float) -> None:
+        """`algo.entropy_target`: move the entropy coefficient with this call's mean entropy, for the next call.
+        On several ranks every rank takes part in one all-reduce of (entropy, 1) -- (0, 0) for a rank without a
+        finite one, e.g. one whose share of the rows was empty -- so all ranks update with the same mean and keep
+        applying the same coefficient (their weights must stay equal); none finite anywhere: no update."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            finite = math.isfinite(entropy)
+            both = torch.tensor([entropy if finite else 0.0, 1.0 if finite else 0.0], dtype=torch.float64,
+                                device=self.device)  # (2,) [sum of entropies, ranks with one]
+            dist.all_reduce(both)
+            entropy = float(both[0] / both[1]) if float(both[1]) > 0 else math.nan
+        self._entropy_ctl.update(entropy)
+        self._reg = replace(self._reg, entropy_coef=self._entropy_ctl.active)
 
     def _report_nonfinite(self, chunk: list[_Row], gnorm: float, loss: float) -> None:
         """One log line on a skipped optimizer step: which parameters got a non-finite gradient, and the lengths
@@ -591,7 +624,7 @@ class Learner:
     def save_state(self, path: str | Path) -> None:
         """Everything needed to continue exactly: HF weights + tokenizer (a loadable model folder; with LoRA the
         adapter in peft's format, `rlsys export --merge` makes the model folder) and optimizer (8-bit states
-        included), scheduler, step counter and RNG states."""
+        included), scheduler, step counter, RNG states and, with `algo.entropy_target`, the adapted coefficient."""
         from transformers import AutoTokenizer
 
         self.save_pretrained(path)
@@ -604,6 +637,8 @@ class Learner:
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "python_rng": random.getstate(),
         }
+        if self._entropy_ctl is not None:  # algo.entropy_target: the adapted coefficient, plain floats
+            state["entropy_control"] = self._entropy_ctl.state_dict()
         torch.save(state, Path(path) / LEARNER_STATE)
 
     def load_state(self, path: str | Path) -> int:
@@ -626,6 +661,11 @@ class Learner:
             # resume test's first run: "RNG state must be a torch.ByteTensor")
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
         random.setstate(state["python_rng"])
+        # algo.entropy_target: a checkpoint written without it (older, or by a job without the option) leaves the
+        # coefficient at its start, algo.entropy_coef
+        if self._entropy_ctl is not None and state.get("entropy_control") is not None:
+            self._entropy_ctl.load_state_dict(state["entropy_control"])
+            self._reg = replace(self._reg, entropy_coef=self._entropy_ctl.active)
         return self.optimizer_steps
 
     def save_pretrained(self, path: str | Path) -> None:

@@ -192,7 +192,8 @@ class CollapseWatch:
         print(f"rlsys: WARNING the policy has collapsed: every group of the last {self.steps} steps was unanimous "
               f"(entropy {m.get('train/entropy', float('nan')):.3g}), so no step had an advantage to learn from. "
               "What keeps groups apart: algo.kl_coef (a penalty to the start), algo.positive_weight < 1, "
-              "algo.top_entropy_frac, a higher rollout.temperature, more rollout.n_samples; "
+              "algo.top_entropy_frac, algo.entropy_target (an entropy bonus that holds the entropy up), "
+              "a higher rollout.temperature, more rollout.n_samples; "
               "algo.stop_on_collapse=true ends such a run here", flush=True)
         return self.stop
 

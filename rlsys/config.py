@@ -241,6 +241,23 @@ class AlgoConfig(_Section):
     initial model (`model.ckpt`, also after a resume), loaded by the learner in the compute dtype, frozen; it costs
     one more copy of the weights (counted in the memory estimate) and a no-grad forward per micro-batch. Set, every
     sequence runs through the learner. 0 = off, no reference loaded."""
+    entropy_target: float | None = Field(None, gt=0.0)
+    """GSPO/GRPO: adaptive entropy control (Skywork-OR1, He et al. 2025; rlsys/algos/regularizers.py
+    `EntropyController`): the entropy bonus's coefficient follows the policy's entropy instead of staying fixed, since
+    what a fixed `entropy_coef` does depends on the model, the data and the stage of training (too little, or an
+    entropy that blows up). After each rollout batch with
+    `train/entropy` e: `coef = min(entropy_coef_max, coef + entropy_coef_step)` if e < target, else
+    `max(0, coef - entropy_coef_step)`; the next batch applies `coef` if e < target, else no bonus at all (the
+    entropy loss acts only while the entropy is below the target). `entropy_coef` is then the starting coefficient,
+    applied to the first batch. The coefficient a batch applied is logged as `train/entropy_coef`, and kept in
+    checkpoints. With `top_entropy_frac` the entropy compared is the selected tokens' mean, as `train/entropy` is.
+    A batch without a finite entropy changes nothing. While a bonus is applied every sequence runs through the
+    learner, otherwise only those with an advantage. None: off (a fixed `entropy_coef`)."""
+    entropy_coef_step: float = Field(0.005, gt=0.0)
+    """With `entropy_target`: how much the coefficient moves per rollout batch (Skywork-OR1's Delta)."""
+    entropy_coef_max: float = Field(0.1, gt=0.0)
+    """With `entropy_target`: the coefficient's ceiling (>= `entropy_coef`), so a target the policy cannot reach
+    does not grow the bonus without bound."""
     n_minibatches: int = Field(1, ge=1)
     """Optimizer steps per rollout batch; with 1, the GSPO ratio is 1 and GSPO is sequence REINFORCE."""
     dynamic_sampling: bool = False
@@ -290,6 +307,12 @@ class AlgoConfig(_Section):
     def _regularizers_need_a_policy_loss(self) -> AlgoConfig:
         if self.name == "sft" and (self.entropy_coef or self.kl_coef):
             raise ValueError("algo.entropy_coef / algo.kl_coef: GSPO/GRPO only (SFT's loss takes no regularizer)")
+        if self.name == "sft" and self.entropy_target is not None:
+            raise ValueError("algo.entropy_target: GSPO/GRPO only (SFT's loss takes no regularizer)")
+        if self.entropy_target is not None and self.entropy_coef_max < self.entropy_coef:
+            raise ValueError(f"algo.entropy_coef_max = {self.entropy_coef_max} is below algo.entropy_coef = "
+                             f"{self.entropy_coef}, the starting coefficient of algo.entropy_target's control: "
+                             "raise entropy_coef_max or lower entropy_coef")
         if self.name == "sft" and self.top_entropy_frac is not None:
             raise ValueError("algo.top_entropy_frac: GSPO/GRPO only (SFT trains on every target token)")
         if self.name == "sft" and (self.positive_weight != 1.0 or not self.scale_advantages):

@@ -46,8 +46,8 @@ vocabulary, h = hidden, q = heads x head_dim, i = intermediate, L = layers, r = 
 - logits, per LM-head position (RL: `rlsys.algos.token_logprobs` keeps the model's logits and makes their
   gradient, in their dtype, no float32 copy: V*2d) plus its chunked softmax's working set in backward (three
   float32 chunks of up to 256 MiB, 441 rows of Qwen's vocabulary: the chunk, x - lse, its exp); SFT copies its
-  shifted logits (V*(3d + 8) counted, as before); `algo.entropy_coef` adds another logits-sized gradient (4 bytes
-  an entry);
+  shifted logits (V*(3d + 8) counted, as before); `algo.entropy_coef` (or `algo.entropy_target`, whose bonus
+  comes and goes) adds another logits-sized gradient (4 bytes an entry);
 - a fragmentation margin (of the transient memory, plus a fixed 0.25 GiB) and a CUDA context outside the
   allocator's cap;
 - with `learner.lora` (A = adapter parameters = L * sum over the targeted layers of r*(in + out)): the learner's
@@ -190,7 +190,7 @@ class JobShape:
     concurrency: int = 16  # episodes in flight at once in a step (`sampled_groups` x n_samples)
     enforce_eager: bool = False
     reference_model: bool = False  # algo.kl_coef: a frozen copy of the initial weights in the learner
-    entropy_bonus: bool = False  # algo.entropy_coef: the entropy's logit gradient in backward
+    entropy_bonus: bool = False  # algo.entropy_coef or entropy_target: the entropy's logit gradient in backward
     lora_rank: int = 0  # learner.lora.rank when learner.lora.enabled, else 0 (full fine-tuning)
     lora_targets: tuple[str, ...] = ()  # learner.lora.target_modules
     lora_base_4bit: bool = False  # learner.lora.base_4bit
@@ -245,7 +245,9 @@ class JobShape:
                    enforce_eager=r.enforce_eager,
                    # with LoRA the KL reference is the frozen base with the adapters off: no copy
                    reference_model=bool(getattr(cfg.algo, "kl_coef", 0.0)) and not lora_on,
-                   entropy_bonus=bool(getattr(cfg.algo, "entropy_coef", 0.0)),
+                   # algo.entropy_target: an adaptive bonus, on whenever the entropy is below the target
+                   entropy_bonus=bool(getattr(cfg.algo, "entropy_coef", 0.0))
+                   or getattr(cfg.algo, "entropy_target", None) is not None,
                    lora_rank=lora.rank if lora_on else 0, lora_targets=tuple(lora.target_modules) if lora_on else (),
                    lora_base_4bit=bool(lora_on and lora.base_4bit),
                    lora_dropout=bool(lora_on and getattr(lora, "dropout", 0.0) > 0),

@@ -21,9 +21,17 @@ Choices, on purpose:
   otherwise).
 - Metrics (`train/entropy`, `train/kl_ref`) are this micro-batch's token means, logged whether or not the
   coefficients are set, so the entropy can be watched without adding a bonus.
+
+`EntropyController` is Skywork-OR1's adaptive entropy control (He et al. 2025, `algo.entropy_target`): a fixed
+bonus either does too little or blows the entropy up, depending on the model and the data, so the coefficient
+follows the entropy instead. After each rollout batch with measured entropy e, `coef` moves by `step` towards more
+bonus while e < target and towards none above it (clamped to [0, max_coef]), and the bonus applied next (`active`)
+is `coef` below the target and 0 above it: the entropy loss acts only while the entropy is too low. Pure Python
+floats, so the learner can checkpoint it and all ranks can agree on it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +49,46 @@ class RegularizerConfig:
     def __post_init__(self) -> None:
         if self.entropy_coef < 0.0 or self.kl_coef < 0.0:
             raise ValueError(f"RegularizerConfig: coefficients must be >= 0: {self}")
+
+
+@dataclass
+class EntropyController:
+    """Skywork-OR1's adaptive entropy coefficient (module docstring). The learner calls `update` once per `train` call
+    with that call's `train/entropy` and applies `active` as `RegularizerConfig.entropy_coef` in the next one."""
+
+    target: float  # the entropy to hold (algo.entropy_target), > 0
+    step: float  # how much coef moves per update (algo.entropy_coef_step), > 0
+    max_coef: float  # coef's ceiling (algo.entropy_coef_max)
+    coef: float = 0.0  # the adaptive coefficient; starts at algo.entropy_coef
+    active: float = 0.0  # the coefficient to apply now: coef below the target, 0 above it (the start's: coef)
+
+    def __post_init__(self) -> None:
+        if not (self.target > 0.0 and self.step > 0.0):
+            raise ValueError(f"EntropyController: target and step must be > 0: {self}")
+        if not 0.0 <= self.coef <= self.max_coef or not 0.0 <= self.active <= self.max_coef:
+            raise ValueError(f"EntropyController: coef and active must be in [0, max_coef]: {self}")
+
+    def update(self, entropy: float) -> None:
+        """One rollout batch's mean token entropy in. Non-finite (no entropy measured, a NaN step): no change, so a
+        broken batch neither raises nor drops the bonus."""
+        if not math.isfinite(entropy):
+            return
+        if entropy < self.target:
+            self.coef = min(self.max_coef, self.coef + self.step)
+            self.active = self.coef
+        else:
+            self.coef = max(0.0, self.coef - self.step)
+            self.active = 0.0
+
+    def state_dict(self) -> dict[str, float]:
+        """What a checkpoint keeps: the moving parts only. target, step and max_coef come from the resumed job's
+        config, so a resume may change them."""
+        return {"coef": float(self.coef), "active": float(self.active)}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore `state_dict`'s values, clamped to this controller's [0, max_coef] (a resume may lower the cap)."""
+        self.coef = min(self.max_coef, max(0.0, float(state["coef"])))
+        self.active = min(self.max_coef, max(0.0, float(state["active"])))
 
 
 def kl_k3(

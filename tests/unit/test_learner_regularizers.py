@@ -1,4 +1,5 @@
-"""The learner's `train/entropy`, `algo.entropy_coef` (a bonus) and `algo.kl_coef` (k3 KL to a frozen reference)."""
+"""The learner's `train/entropy`, `algo.entropy_coef` (a bonus), `algo.entropy_target` (the bonus's adaptive
+coefficient) and `algo.kl_coef` (k3 KL to a frozen reference)."""
 from __future__ import annotations
 
 import pytest
@@ -113,3 +114,157 @@ def test_top_entropy_frac_trains_on_the_selected_tokens_and_1_is_the_default_ste
     assert all(torch.equal(w_full[n], w_base[n]) for n in w_base)  # every token selected: the default step
     assert 0.0 < top["train/selected_token_frac"] <= 0.3  # a quarter, ties at the threshold kept
     assert any(not torch.equal(w_top[n], w_base[n]) for n in w_base)  # it trained, on fewer tokens
+
+
+def _weights(learner) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+
+
+def test_entropy_target_above_the_entropy_grows_the_bonus_step_by_step_up_to_its_cap(tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    # the tiny model's entropy is a few nats: a target of 50 is never reached
+    cfg = job_config(tmp_path, "algo.entropy_target=50", "algo.entropy_coef_step=0.5", "algo.entropy_coef_max=1.0")
+    learner = make_learner(cfg, tiny_model_path)
+    start, before = _entropy_now(learner), _weights(learner)
+    first = learner.train(_same_reward(_trajectories()))
+    # entropy_coef (0) is the starting coefficient: no bonus yet, no signal, nothing moves
+    assert first["train/entropy_coef"] == 0.0 and first["train/active_frac"] == 0.0
+    assert all(torch.equal(p, before[n]) for n, p in learner.model.named_parameters())
+    coefs = []
+    for _ in range(3):
+        stats = learner.train(_same_reward(_trajectories()))
+        coefs.append(stats["train/entropy_coef"])
+        assert stats["train/active_frac"] == 1.0  # the bonus is on: every sequence has a gradient
+    assert coefs == [0.5, 1.0, 1.0]  # a step per call, capped by entropy_coef_max
+    assert _entropy_now(learner) > start + 1e-4
+
+
+def test_entropy_target_below_the_entropy_applies_no_bonus(tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    learner = make_learner(job_config(tmp_path, "algo.entropy_target=1e-6", "algo.entropy_coef_step=0.5"),
+                           tiny_model_path)
+    before = _weights(learner)
+    for _ in range(3):
+        stats = learner.train(_same_reward(_trajectories()))
+        assert stats["train/entropy_coef"] == 0.0 and stats["train/active_frac"] == 0.0
+    assert all(torch.equal(p, before[n]) for n, p in learner.model.named_parameters())
+
+    # a starting coefficient is applied once; above the target the next call applies none, although coef is not 0
+    started = make_learner(job_config(tmp_path, "algo.entropy_target=1e-6", "algo.entropy_coef=0.3",
+                                      "algo.entropy_coef_step=0.1", "algo.entropy_coef_max=1.0"), tiny_model_path)
+    assert started.train(_same_reward(_trajectories()))["train/entropy_coef"] == 0.3
+    assert started._entropy_ctl.coef == pytest.approx(0.2)
+    moved = _weights(started)
+    stats = started.train(_same_reward(_trajectories()))
+    assert stats["train/entropy_coef"] == 0.0 and stats["train/active_frac"] == 0.0
+    assert all(torch.equal(p, moved[n]) for n, p in started.model.named_parameters())
+
+
+def test_without_entropy_target_there_is_no_controller_and_no_coefficient_logged(tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    learner = make_learner(job_config(tmp_path, "algo.entropy_coef=0.01"), tiny_model_path)
+    assert learner._entropy_ctl is None
+    assert "train/entropy_coef" not in learner.train(_trajectories())
+
+
+def test_an_empty_batch_leaves_the_entropy_coefficient_as_it_is(tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    learner = make_learner(job_config(tmp_path, "algo.entropy_target=50", "algo.entropy_coef_step=0.5",
+                                      "algo.entropy_coef_max=1.0"), tiny_model_path)
+    learner.train(_same_reward(_trajectories()))  # coef 0.5
+    failed = _trajectories()
+    for t in failed:
+        t.failed = True
+    stats = learner.train(failed)
+    assert stats["train/num_sequences"] == 0.0 and stats["train/entropy_coef"] == 0.5
+    assert (learner._entropy_ctl.coef, learner._entropy_ctl.active) == (0.5, 0.5)
+
+
+def test_a_resumed_learner_applies_the_adapted_entropy_coefficient(tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    cfg = job_config(tmp_path, "algo.entropy_target=50", "algo.entropy_coef_step=0.5", "algo.entropy_coef_max=5.0")
+    trained = make_learner(cfg, tiny_model_path)
+    for _ in range(2):
+        trained.train(_same_reward(_trajectories()))  # coef 0 -> 0.5 -> 1.0
+    ckpt = tmp_path / "ckpt"
+    trained.save_state(ckpt)
+    resumed = make_learner(cfg, str(ckpt))
+    resumed.load_state(ckpt)
+    assert resumed.train(_same_reward(_trajectories()))["train/entropy_coef"] == 1.0
+    assert trained.train(_same_reward(_trajectories()))["train/entropy_coef"] == 1.0
+
+    # a checkpoint without it (older, or from a job without the option) still loads: the coefficient starts over
+    from actors.learner import LEARNER_STATE
+
+    state = torch.load(ckpt / LEARNER_STATE, weights_only=False)
+    del state["entropy_control"]
+    torch.save(state, ckpt / LEARNER_STATE)
+    old = make_learner(cfg, str(ckpt))
+    old.load_state(ckpt)
+    assert old.train(_same_reward(_trajectories()))["train/entropy_coef"] == 0.0
+
+
+def test_entropy_target_settings_are_checked(tmp_path):
+    with pytest.raises(Exception, match="entropy_target: GSPO/GRPO only"):
+        job_config(tmp_path, "algo.name=sft", "algo.entropy_target=1.0", "rollout.n_samples=1")
+    with pytest.raises(Exception, match="entropy_coef_max.*entropy_coef"):
+        job_config(tmp_path, "algo.entropy_target=1.0", "algo.entropy_coef=0.5", "algo.entropy_coef_max=0.2")
+    for bad in ("algo.entropy_target=0", "algo.entropy_coef_step=0", "algo.entropy_coef_max=-1"):
+        with pytest.raises(Exception, match=bad.split("=")[0].split(".")[1]):
+            job_config(tmp_path, bad)
+    # without a target the cap is not checked: a fixed entropy_coef above the (unused) default cap is fine
+    assert job_config(tmp_path, "algo.entropy_coef=0.5").algo.entropy_target is None
+
+
+def _two_rank_adapt(rank: int, port: int, entropies: list[float], out) -> None:
+    """One of two gloo ranks: `Learner._adapt_entropy_coef` on a stand-in learner, one entropy per call; puts the
+    (coef, active) pairs after each call."""
+    import types
+
+    import torch.distributed as dist
+
+    from actors.learner import Learner
+    from rlsys.algos import EntropyController, RegularizerConfig
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        stub = types.SimpleNamespace(world_size=2, device=torch.device("cpu"), _reg=RegularizerConfig(),
+                                     _entropy_ctl=EntropyController(target=0.25, step=0.1, max_coef=1.0))
+        seen = []
+        for e in entropies:
+            Learner._adapt_entropy_coef(stub, e)
+            seen.append((round(stub._entropy_ctl.coef, 6), round(stub._reg.entropy_coef, 6)))
+        dist.destroy_process_group()
+        out.put((rank, seen))
+    except Exception as err:  # report it to the test instead of dying silently
+        out.put((rank, f"{type(err).__name__}: {err}"))
+
+
+def test_ranks_adapt_the_entropy_coefficient_on_their_mean_entropy():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # target 0.25. Call 1: 0.1 and 0.5, each rank alone would go opposite ways; the mean 0.3 is above: both 0.
+    # Call 2: rank 1 measured nothing (its share of the rows was empty): rank 0's 0.1 alone, below: both up.
+    # Call 3: no rank measured anything: no change.
+    per_rank = {0: [0.1, 0.1, float("nan")], 1: [0.5, float("nan"), float("nan")]}
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_two_rank_adapt, args=(r, port, per_rank[r], out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(out.get(timeout=90) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+    assert got[0] == got[1] == [(0.0, 0.0), (0.1, 0.1), (0.1, 0.1)], got

@@ -87,6 +87,9 @@ def test_kl_reference_and_entropy_bonus_are_counted(tmp_path):
     assert (JobShape.from_config(cfg).reference_model, JobShape.from_config(cfg).entropy_bonus) == (True, True)
     off = load_config(flags={"--run-dir": str(tmp_path / "r")})
     assert (JobShape.from_config(off).reference_model, JobShape.from_config(off).entropy_bonus) == (False, False)
+    # algo.entropy_target alone (entropy_coef 0, the starting coefficient): the bonus comes once the entropy drops
+    adaptive = load_config(flags={"--run-dir": str(tmp_path / "r")}, overrides=["algo.entropy_target=0.5"])
+    assert JobShape.from_config(adaptive).entropy_bonus
 
 
 def test_checkpointing_and_smaller_micro_batches_need_less():

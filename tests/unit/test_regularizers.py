@@ -111,3 +111,55 @@ def test_top_entropy_frac_is_a_policy_loss_option():
         load_config(None, overrides=["algo.name=sft", "algo.top_entropy_frac=0.1"])
     with pytest.raises((ValidationError, ValueError), match="top_entropy_frac"):
         load_config(None, overrides=["algo.top_entropy_frac=1.5"])
+
+
+def test_entropy_controller_follows_skywork_or1s_rule():
+    from rlsys.algos import EntropyController
+
+    ctl = EntropyController(target=1.0, step=0.3, max_coef=0.7, coef=0.1, active=0.1)
+    ctl.update(0.5)  # below the target: up by a step, and applied
+    assert (ctl.coef, ctl.active) == pytest.approx((0.4, 0.4))
+    ctl.update(0.5)
+    ctl.update(0.5)  # 0.7, then the cap
+    assert (ctl.coef, ctl.active) == pytest.approx((0.7, 0.7))
+    ctl.update(1.0)  # at the target counts as above: down a step, and no bonus at all while above
+    assert (ctl.coef, ctl.active) == pytest.approx((0.4, 0.0))
+    ctl.update(2.0)
+    ctl.update(2.0)  # 0.1, then clamped at 0
+    assert (ctl.coef, ctl.active) == (0.0, 0.0)
+    ctl.update(0.9)  # back below: the bonus returns from where coef stood
+    assert (ctl.coef, ctl.active) == pytest.approx((0.3, 0.3))
+    for broken in (float("nan"), float("inf"), float("-inf")):  # no entropy measured: nothing moves
+        ctl.update(broken)
+        assert (ctl.coef, ctl.active) == pytest.approx((0.3, 0.3))
+
+
+def test_entropy_controller_state_round_trips_as_plain_floats():
+    from rlsys.algos import EntropyController
+
+    ctl = EntropyController(target=1.0, step=0.25, max_coef=1.0)
+    ctl.update(0.5)
+    ctl.update(0.5)
+    ctl.update(3.0)  # coef 0.25, active 0
+    state = ctl.state_dict()
+    assert state == {"coef": 0.25, "active": 0.0} and all(type(v) is float for v in state.values())
+    other = EntropyController(target=1.0, step=0.25, max_coef=1.0)
+    other.load_state_dict(state)
+    assert (other.coef, other.active) == (0.25, 0.0)
+    other.update(0.5)  # and it goes on as the original does
+    ctl.update(0.5)
+    assert (other.coef, other.active) == (ctl.coef, ctl.active) == (0.5, 0.5)
+    lower_cap = EntropyController(target=1.0, step=0.25, max_coef=0.3)  # a resume that lowered the cap
+    lower_cap.load_state_dict({"coef": 0.75, "active": 0.75})
+    assert (lower_cap.coef, lower_cap.active) == (0.3, 0.3)
+
+
+def test_entropy_controller_refuses_bad_settings():
+    from rlsys.algos import EntropyController
+
+    with pytest.raises(ValueError, match="must be > 0"):
+        EntropyController(target=0.0, step=0.1, max_coef=1.0)
+    with pytest.raises(ValueError, match="must be > 0"):
+        EntropyController(target=1.0, step=0.0, max_coef=1.0)
+    with pytest.raises(ValueError, match="max_coef"):
+        EntropyController(target=1.0, step=0.1, max_coef=0.1, coef=0.2, active=0.2)
