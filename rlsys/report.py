@@ -10,12 +10,15 @@ error table follows the environment's outcome order (`Environment.outcomes`). Wr
 response_len.png, loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run
 did not log, e.g. logp_diff for SFT, is skipped and said so).
 
-Reads only files (no Ray, no TensorBoard): works on a run that is still going or was copied elsewhere.
-Values that metrics.jsonl keeps as strings ("nan", "inf") are read back as floats.
+Reads only files (no Ray, no TensorBoard): works on a run that is still going or was copied elsewhere, also when
+its metrics.jsonl and eval.jsonl were gzipped (`.jsonl.gz`, as docs/data/ keeps them), so the commands in the docs
+recompute their tables from the data that landed. Values that metrics.jsonl keeps as strings ("nan", "inf") are
+read back as floats.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -77,9 +80,24 @@ def as_float(v: Any) -> float | None:
     return None
 
 
+def _jsonl_file(run_dir: Path, name: str) -> Path | None:
+    """``run_dir/name``, else its gzipped copy ``name.gz``, else None."""
+    for candidate in (run_dir / name, run_dir / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".gz":
+        try:
+            text = gzip.decompress(path.read_bytes()).decode("utf-8")
+        except (OSError, EOFError) as e:  # a torn or non-gzip file: say which
+            raise ReportError(f"{path}: not a readable gzip file ({e})") from None
+    else:
+        text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -94,13 +112,14 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def load_run(run_dir: str | Path) -> Run:
     path = Path(run_dir)
-    metrics = path / "metrics.jsonl"
-    if not metrics.is_file():
+    metrics = _jsonl_file(path, "metrics.jsonl")
+    if metrics is None:
         raise ReportError(f"{path}: no metrics.jsonl (is this a run directory? `rlsys train --run-dir` makes one)")
     rows = [r for r in _read_jsonl(metrics) if isinstance(r, dict) and "step" in r]
     if not rows:
         raise ReportError(f"{metrics}: no steps logged yet")
-    evals = _read_jsonl(path / "eval.jsonl") if (path / "eval.jsonl").is_file() else []
+    evals_file = _jsonl_file(path, "eval.jsonl")
+    evals = _read_jsonl(evals_file) if evals_file is not None else []
     config: dict[str, Any] = {}
     if (path / "config.resolved.toml").is_file():
         with (path / "config.resolved.toml").open("rb") as f:

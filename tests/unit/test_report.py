@@ -57,6 +57,21 @@ def test_summary_numbers(tmp_path):
     assert s["means"]["train/entropy"] == pytest.approx(1.0 - 0.02 * 11.5) and s["lasts"]["train/entropy"] == pytest.approx(0.54)
 
 
+def test_a_gzipped_run_as_docs_data_keeps_it_reads_the_same(tmp_path, capsys):
+    import gzip
+
+    plain = make_run(tmp_path / "plain")
+    packed = make_run(tmp_path / "packed")
+    for name in ("metrics.jsonl", "eval.jsonl"):  # as docs/data/ lands them: gzipped, the plain file gone
+        f = packed / name
+        (packed / f"{name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+        f.unlink()
+    assert summarize_run(load_run(packed), window=10) == {**summarize_run(load_run(plain), window=10), "run_dir": str(packed)}
+    (packed / "eval.jsonl.gz").write_bytes(b"not gzip")  # a broken copy: one line naming the file, exit 2
+    assert main([str(packed), "--no-plots"]) == 2
+    assert "eval.jsonl.gz: not a readable gzip file" in capsys.readouterr().err
+
+
 def test_printed_report_and_plots(tmp_path, capsys):
     run = make_run(tmp_path / "run", torn_tail=True)  # a torn last line (a run killed mid-write) is skipped
     assert main([str(run)]) == 0
