@@ -10,6 +10,7 @@ exactly with tokenizer.ggml.pre = "qwen2", so the tokenizer tests compare arbitr
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -204,6 +205,28 @@ def test_second_resolve_reuses_the_folder(converted, gguf_file, cache_root, monk
     assert _resolve(gguf_file, cache_root) == converted
     assert marker.stat().st_mtime_ns == before
     assert [p.name for p in (cache_root / "models").iterdir()] == [converted.name]
+
+
+def test_a_conversion_parses_the_file_once(tmp_path, monkeypatch, gguf_file):
+    """transformers' loader opens a new reader in each call (config, weights, config, tokenizer), and each parses the
+    whole metadata (~10 s for Qwen2.5's vocabulary on 2 cores): the conversion shares one reader per file."""
+    parses: list[str] = []
+    parse = gguf.GGUFReader._build_fields
+
+    def counted(self, *args, **kwargs):
+        parses.append(str(self.data.filename))
+        return parse(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "_build_fields", counted)
+    reader_class = gguf.GGUFReader
+    rlsys_gguf.ensure_gguf_folder(gguf_file, cache_dir=tmp_path / "shared")
+    assert parses == [str(gguf_file)]
+    assert gguf.GGUFReader is reader_class, "the shared reader outlived the conversion"
+
+    parses.clear()  # the premise: without sharing, the same conversion parses the file several times
+    monkeypatch.setattr(rlsys_gguf, "one_reader_per_file", contextlib.nullcontext)
+    rlsys_gguf.ensure_gguf_folder(gguf_file, cache_dir=tmp_path / "unshared")
+    assert len(parses) > 1
 
 
 def test_file_that_is_not_gguf_is_refused_by_name(tmp_path, monkeypatch):
