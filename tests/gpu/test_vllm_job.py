@@ -12,8 +12,9 @@ The reward trains (tests/loop's: spread within every group, so every step has ad
 after every push the engine's logprobs on the canary's fixed sequence must have moved from the previous push's
 (`sync/canary_engine_shift`) while matching the learner's: a push that never landed cannot pass as a healthy one,
 as it could when the random model's tic-tac-toe reward was -1 everywhere and nothing trained.
-The fault tests make the second push skip (an engine that reports the count without loading: the canary) or lose
-a bucket (with fp32 masters, whose canary tolerance is the loosest: the count check), and that step must fail.
+The fault tests make the second push skip (an engine that reports the count without loading: the fingerprint or the
+canary; with `sync.canary_every = 10`, the fingerprint alone) or lose a bucket (with fp32 masters, whose canary
+tolerance is the loosest: the count check), and that step must fail.
 """
 from __future__ import annotations
 
@@ -143,20 +144,23 @@ class _LearnerThatLosesABucket:
         return getattr(self._handle, name)
 
 
-@pytest.mark.parametrize("fault, fp32_master, error", [
+@pytest.mark.parametrize("fault, fp32_master, canary_every, error", [
     # the fingerprint reads the engine's stale bits (once the copy plan exists: from the first push on)
-    ("skip", False, "weight fingerprint: engine 0 holds|stale-weights canary: engine 0"),
+    ("skip", False, 1, "weight fingerprint: engine 0 holds|stale-weights canary: engine 0"),
+    # with the canary every 10th push only (the start's check runs), the fingerprint alone catches it on its step
+    ("skip", False, 10, r"weight fingerprint: engine 0 holds \d+ of the \d+ pushed tensors"),
     # the worker's direct copy refuses a short push itself; before its plan exists, the driver's count check does
-    ("partial", True, r"direct copy: \d+ tensors sent, \d+ planned|engine 0 loaded \d+ tensors, the learner sent")],
-    ids=["skip", "partial"])
+    ("partial", True, 1, r"direct copy: \d+ tensors sent, \d+ planned|engine 0 loaded \d+ tensors, the learner sent")],
+    ids=["skip", "skip-between-canaries", "partial"])
 def test_a_skipped_or_partial_push_fails_its_step(ray_gpu, tmp_path, gpu_tiny_path, monkeypatch, fault, fp32_master,
-                                                  error):
+                                                  canary_every, error):
     from jobs.weight_sync import WeightSync
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
 
     # 1 MiB buckets: the tiny model's weights take several, so a partial push can lose one
-    cfg = gpu_job_config(tmp_path, gpu_tiny_path, f"learner.fp32_master={str(fp32_master).lower()}", "sync.bucket_mb=1")
+    cfg = gpu_job_config(tmp_path, gpu_tiny_path, f"learner.fp32_master={str(fp32_master).lower()}", "sync.bucket_mb=1",
+                         f"sync.canary_every={canary_every}")
     push, pushes = WeightSync.push, []
 
     def faulty_push(self):
@@ -178,4 +182,6 @@ def test_a_skipped_or_partial_push_fails_its_step(ray_gpu, tmp_path, gpu_tiny_pa
         run_training(cfg)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0], "step 0 is healthy; the faulty push of step 1 must fail that step"
-    measure(f"job_fault_{fault}_step0_canary", rows[0]["sync/canary_logp_diff"])
+    if "sync/canary_logp_diff" in rows[0]:  # with canary_every 10, only if step 0's push went unfingerprinted
+        every = "" if canary_every == 1 else f"_every{canary_every}"
+        measure(f"job_fault_{fault}{every}_step0_canary", rows[0]["sync/canary_logp_diff"])
