@@ -274,17 +274,23 @@ class AlgoConfig(_Section):
     """Dynamic sampling's round sizes, at most this many boards per group wanted: the first round samples
     `batch_size` / (the recent share of groups with signal, `rollout/signal_rate`) boards, a top-up round (missing
     groups / keep rate so far this step), each all at once (a top-up's size too when nothing was kept yet)."""
-    unanimous_baseline: Literal["none", "batch"] = "none"
+    unanimous_baseline: Literal["none", "batch", "batch_below"] = "none"
     """GSPO/GRPO: the advantage of a *unanimous* group, one whose valid rewards all agree. `none`: 0, the group
     teaches nothing (GRPO/GSPO as published). `batch`: its members' reward less the mean of the batch's valid
     rewards, over their std (REINFORCE++'s batch baseline; action-independent, so unbiased), so a board the policy
     answers the same way every time is still pushed: down when that answer scores below the batch, up when above.
-    Groups with signal keep their own baseline. Counted in `adv/unanimous_frac`. Under `dynamic_sampling` the
-    filter drops unanimous groups: `unanimous_groups` brings some into the batch."""
+    `batch_below`: the same, but only down (a positive batch advantage becomes 0), and `unanimous_groups` takes the
+    lowest-scoring unanimous groups first: raising an answer the policy already gives every time mostly sharpens it
+    (docs/usage.md: in the GPU recipe a unanimous 0.8, a slower win where an immediate one was on the board, sat above
+    the batch mean and was raised), while pushing down one it gives every time and that scores below the batch moves
+    mass to the other answers of that board. Groups with signal keep
+    their own baseline. Counted in `adv/unanimous_frac`. Under `dynamic_sampling` the filter drops unanimous groups:
+    `unanimous_groups` brings some into the batch."""
     unanimous_groups: int = Field(0, ge=0)
-    """Under `dynamic_sampling` with `unanimous_baseline = "batch"`: up to this many of the step's unanimous groups
-    (with a valid member, in sampling order) join the `rollout.batch_size` groups with signal. They were sampled
-    anyway: no extra sampling, only learner time. Counted in `rollout/groups_unanimous_kept`."""
+    """Under `dynamic_sampling` with `unanimous_baseline = "batch"` (or `"batch_below"`): up to this many of the
+    step's unanimous groups (with a valid member; in sampling order, or lowest reward first under `batch_below`) join
+    the `rollout.batch_size` groups with signal. They were sampled anyway: no extra sampling, only learner time.
+    Counted in `rollout/groups_unanimous_kept`."""
     collapse_steps: int = Field(20, ge=0)
     """GSPO/GRPO: the policy has collapsed when every group of a step is unanimous (`rollout/zero_var_group_frac`
     1: every board answered with one reward, no advantage anywhere, nothing to learn) this many steps in a row; the
@@ -319,10 +325,11 @@ class AlgoConfig(_Section):
             raise ValueError("algo.positive_weight / algo.scale_advantages: GSPO/GRPO only (SFT has no advantages)")
         if self.name == "sft" and self.unanimous_baseline != "none":
             raise ValueError("algo.unanimous_baseline: GSPO/GRPO only (SFT has no groups)")
-        if self.unanimous_groups and not (self.dynamic_sampling and self.unanimous_baseline == "batch"):
+        if self.unanimous_groups and not (self.dynamic_sampling and self.unanimous_baseline != "none"):
             raise ValueError(f"algo.unanimous_groups = {self.unanimous_groups}: brings unanimous groups past dynamic "
                              "sampling's filter for the batch baseline; set algo.dynamic_sampling = true and "
-                             "algo.unanimous_baseline = \"batch\" (without the filter every group is trained on)")
+                             "algo.unanimous_baseline = \"batch\" or \"batch_below\" (without the filter every "
+                             "group is trained on)")
         return self
 
     def clip_eps(self) -> tuple[float, float]:

@@ -642,7 +642,7 @@ def trained_groups(cfg: Any) -> int:
     them in against the batch baseline."""
     a = cfg.algo
     brings = (a.name != "sft" and getattr(a, "dynamic_sampling", False)
-              and getattr(a, "unanimous_baseline", "none") == "batch")
+              and getattr(a, "unanimous_baseline", "none") != "none")
     return cfg.rollout.batch_size + (getattr(a, "unanimous_groups", 0) if brings else 0)
 
 

@@ -25,7 +25,8 @@ valid members has no signal. The rewards compared are the learner's too (`traini
 `max_num_gen_batches` is reached; here the step trains on what was kept (and skips the update when nothing was).
 The surplus of the last round is dropped in sampling order (earlier rounds and lower group ids first), not at
 random. With `algo.unanimous_groups` (for `algo.unanimous_baseline = "batch"`), up to that many unanimous groups
-that have a valid member are kept besides, also in sampling order.
+that have a valid member are kept besides, also in sampling order; under `"batch_below"` the lowest-rewarded first
+(the ones its baseline can push down).
 """
 from __future__ import annotations
 
@@ -100,18 +101,21 @@ class GroupSieve:
     truncated_penalty: float = 0.0  # `algo.truncated_penalty`: less reward for cut-off trajectories
     enabled: bool = True
     unanimous: int = 0  # `algo.unanimous_groups`: unanimous groups kept besides the `want` with signal
+    unanimous_lowest: bool = False  # `algo.unanimous_baseline = "batch_below"`: the lowest-rewarded unanimous first
     rounds: int = 0
     groups_seen: int = 0  # groups sampled so far; the next round's group ids start here
     zero_var: int = 0  # sampled groups without signal
     with_signal: list[int] = field(default_factory=list)  # group ids with signal, in sampling order
     _kept: list[int] = field(default_factory=list)  # group ids kept, in sampling order (may exceed `want`)
     _unanimous: list[int] = field(default_factory=list)  # groups without signal that have a valid member
+    _unanimous_reward: dict[int, float] = field(default_factory=dict)  # their one training reward
 
     def add(self, summaries: Iterable[_Summary]) -> None:
         """One round's summaries (all its groups, every member)."""
         rewards = valid_rewards(summaries, self.mask_truncated, self.truncated_penalty)
         signal = {g: has_signal(r) for g, r in rewards.items()}
         self._unanimous += [g for g, r in rewards.items() if r and not signal[g]]
+        self._unanimous_reward.update({g: r[0] for g, r in rewards.items() if r and not signal[g]})
         self.rounds += 1
         self.groups_seen += len(signal)
         self.zero_var += sum(not s for s in signal.values())
@@ -133,10 +137,14 @@ class GroupSieve:
         return top_up_boards(self.want - len(self._kept), len(self._kept), self.groups_seen, self.max_oversample)
 
     def kept(self) -> set[int]:
-        """The group ids to train on: the first ``want`` kept, in sampling order (and with ``unanimous`` the first
-        that many unanimous groups)."""
-        unanimous = self._unanimous[: self.unanimous] if self.enabled else []
-        return set(self._kept[: self.want]) | set(unanimous)
+        """The group ids to train on: the first ``want`` kept, in sampling order (and with ``unanimous`` that many
+        unanimous groups: the first sampled, or with ``unanimous_lowest`` the lowest-rewarded, ties in sampling
+        order)."""
+        if not self.enabled:
+            return set(self._kept[: self.want])
+        candidates = (sorted(self._unanimous, key=self._unanimous_reward.__getitem__) if self.unanimous_lowest
+                      else self._unanimous)  # sorted() is stable: ties stay in sampling order
+        return set(self._kept[: self.want]) | set(candidates[: self.unanimous])
 
     def signal_share(self) -> float | None:
         """This step's share of sampled groups with signal (None before any round)."""

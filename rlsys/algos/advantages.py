@@ -21,6 +21,9 @@ Choices and departures from the papers, on purpose:
   baseline instead, REINFORCE++-style: ``(r_i - mean_B) / (std_B + eps)`` over every valid trajectory of the
   batch. Still action-independent, so the gradient stays unbiased; it pushes a board the policy answers the same
   way every time down when that answer scores below the batch, up when above. Groups with signal are unchanged.
+  ``unanimous="batch_below"``: the same baseline, but a positive one becomes 0: a unanimous answer is only ever pushed
+  down. Raising an answer the policy already gives every time (p ~ 1) does little but sharpen it, and under
+  Adam's per-parameter scaling even that small gradient takes full-size steps.
 - ``positive_weight`` (`algo.positive_weight`) multiplies the positive advantages, after the baselines, by a weight
   in [0, 1] (W-REINFORCE, Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
   Reasoning": 0.1; 0 trains on the negative samples only). Raising a sampled answer that the policy already prefers
@@ -43,17 +46,17 @@ def group_advantages(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-trajectory advantages ``(N,)`` (float32 or the rewards' float dtype) and metrics.
 
-    ``unanimous``: ``"none"`` (0 for the members of a group without signal) or ``"batch"`` (the batch baseline for
-    them, see the module docstring).
+    ``unanimous``: ``"none"`` (0 for the members of a group without signal), ``"batch"`` (the batch baseline for
+    them, see the module docstring) or ``"batch_below"`` (the batch baseline where it is negative, else 0).
 
     Metrics:
       ``adv/zero_var_group_frac``: fraction of groups that give no learning signal (fewer than two valid
       members, or all valid rewards equal); ``adv/valid_frac``: fraction of valid trajectories;
-      ``adv/abs_mean``: mean |A| over valid trajectories; with ``unanimous="batch"`` also ``adv/unanimous_frac``,
+      ``adv/abs_mean``: mean |A| over valid trajectories; with a batch baseline also ``adv/unanimous_frac``,
       the fraction of valid trajectories that got the batch baseline.
     """
-    if unanimous not in ("none", "batch"):
-        raise ValueError(f"group_advantages: unanimous must be 'none' or 'batch', got {unanimous!r}")
+    if unanimous not in ("none", "batch", "batch_below"):
+        raise ValueError(f"group_advantages: unanimous must be 'none', 'batch' or 'batch_below', got {unanimous!r}")
     if not 0.0 <= positive_weight <= 1.0:
         raise ValueError(f"group_advantages: positive_weight must be in [0, 1], got {positive_weight}")
     if rewards.dim() != 1 or group_ids.shape != rewards.shape or valid.shape != rewards.shape:
@@ -100,9 +103,11 @@ def group_advantages(
     batch_baseline = valid & no_signal[group]  # (N,) valid members of unanimous groups
     batch = r[valid]  # (num_valid,)
     # a batch whose rewards all agree (or fewer than two valid) has no baseline either
-    if unanimous == "batch" and bool(batch_baseline.any()) and num_valid >= 2 and batch.max() != batch.min():
+    if unanimous != "none" and bool(batch_baseline.any()) and num_valid >= 2 and batch.max() != batch.min():
         batch_dev = r - batch.mean()  # (N,)
         unan = batch_dev / (batch.std() + eps) if scale else batch_dev  # Bessel-corrected std, as the groups'
+        if unanimous == "batch_below":
+            unan = unan.clamp(max=0.0)
         adv = torch.where(batch_baseline, unan, adv)
     if positive_weight != 1.0:
         adv = torch.where(adv > 0, adv * positive_weight, adv)
@@ -111,6 +116,6 @@ def group_advantages(
         "adv/valid_frac": num_valid / n,
         "adv/abs_mean": float(adv[valid].abs().mean()) if num_valid else 0.0,
     }
-    if unanimous == "batch":
+    if unanimous != "none":
         metrics["adv/unanimous_frac"] = float(batch_baseline.sum()) / max(num_valid, 1)
     return adv, metrics

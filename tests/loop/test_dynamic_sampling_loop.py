@@ -100,14 +100,16 @@ def test_a_collapsed_run_is_said_and_with_stop_on_collapse_ends_with_its_checkpo
     assert not (run_dir / "checkpoints" / "step_000003").exists()
 
 
-def test_unanimous_groups_reach_the_learner_with_the_batch_baseline(ray_local, tmp_path):
+@pytest.mark.parametrize("baseline", ["batch", "batch_below"])
+def test_unanimous_groups_reach_the_learner_with_the_batch_baseline(ray_local, tmp_path, baseline):
     """`algo.unanimous_groups`: settled boards (every sample 0.5) pass the filter, up to 2 a step, and the learner
-    gives them the batch baseline (the unsettled boards' rewards differ from 0.5, so it is not 0)."""
+    gives them the batch baseline (the unsettled boards' rewards differ from 0.5, so it is not 0; under
+    `batch_below` only where 0.5 is under the batch's mean)."""
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
 
     cfg = job_config(tmp_path, "algo.dynamic_sampling=true", "algo.max_sample_rounds=3", "algo.max_oversample=2",
-                     "algo.unanimous_baseline=batch", "algo.unanimous_groups=2", max_steps="2",
+                     f"algo.unanimous_baseline={baseline}", "algo.unanimous_groups=2", max_steps="2",
                      agent_fn=str(PLUGINS / "recording_agent.py"), reward_fn_path=str(PLUGINS / "settled_reward.py"))
     rows = read_metrics(run_training(cfg) / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
@@ -117,6 +119,6 @@ def test_unanimous_groups_reach_the_learner_with_the_batch_baseline(ray_local, t
         total = r["rollout/groups_kept"] + r["rollout/groups_unanimous_kept"]
         assert r["adv/zero_var_group_frac"] == pytest.approx(r["rollout/groups_unanimous_kept"] / total), r
         assert r["adv/unanimous_frac"] == pytest.approx(r["rollout/groups_unanimous_kept"] / total), r
-        if r["rollout/groups_kept"] and r["rollout/groups_unanimous_kept"]:  # a nonzero advantage for every member
-            assert r["train/active_frac"] == 1.0, r
+        if baseline == "batch" and r["rollout/groups_kept"] and r["rollout/groups_unanimous_kept"]:
+            assert r["train/active_frac"] == 1.0, r  # a nonzero advantage for every member
     assert any(r["rollout/groups_unanimous_kept"] > 0 for r in rows), "no settled board was sampled in two steps"

@@ -116,6 +116,22 @@ def test_unanimous_groups_get_the_batch_baseline_and_groups_with_signal_keep_the
     assert m["adv/zero_var_group_frac"] == m_none["adv/zero_var_group_frac"] == pytest.approx(2 / 3)
 
 
+def test_batch_below_pushes_unanimous_answers_down_only():
+    # as above: group 0 has signal, group 1 answers 0 every time (below the batch), group 2 always 1 (above)
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    groups = [0, 0, 1, 1, 2, 2, 2]
+    valid = [True, True, True, True, True, True, False]
+    batch, _ = _adv(rewards, groups, valid, eps=0.0, unanimous="batch")
+    below, m = _adv(rewards, groups, valid, eps=0.0, unanimous="batch_below")
+    torch.testing.assert_close(below[:2], batch[:2])  # the group with signal: its own baseline, both signs
+    assert (below[:2] > 0).any() and (below[:2] < 0).any()
+    torch.testing.assert_close(below[2:4], batch[2:4])  # the unanimous answer below the batch: the same push down
+    assert (below[2:4] < 0).all()
+    assert (batch[4:6] > 0).all() and below[4:6].abs().sum() == 0.0  # the one above: not raised
+    assert below[6] == 0.0
+    assert m["adv/unanimous_frac"] == pytest.approx(4 / 6)
+
+
 def test_the_batch_baseline_gives_nothing_when_the_whole_batch_agrees_or_has_one_valid_member():
     adv, m = _adv([1.0, 1.0, 1.0, 1.0], [0, 0, 1, 1], unanimous="batch")
     assert adv.abs().sum() == 0.0 and m["adv/unanimous_frac"] == 1.0
@@ -127,7 +143,7 @@ def test_the_batch_baseline_gives_nothing_when_the_whole_batch_agrees_or_has_one
 
 def test_positive_weight_scales_only_the_positive_advantages_after_either_baseline():
     rewards, groups = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], [0, 0, 1, 1, 2, 2]  # group 0 has signal, 1 and 2 unanimous
-    for unanimous in ("none", "batch"):
+    for unanimous in ("none", "batch", "batch_below"):
         full, _ = _adv(rewards, groups, unanimous=unanimous)
         weighted, m = _adv(rewards, groups, unanimous=unanimous, positive_weight=0.1)
         torch.testing.assert_close(weighted, torch.where(full > 0, 0.1 * full, full))

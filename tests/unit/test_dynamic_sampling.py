@@ -198,6 +198,21 @@ def test_unanimous_groups_join_the_batch_up_to_their_count_in_sampling_order():
     assert "rollout/groups_unanimous_kept" not in GroupSieve(want=2).metrics()
 
 
+def test_batch_below_keeps_the_lowest_rewarded_unanimous_groups_first():
+    # groups 0..5: 0 unanimous at 0.8, 1 with signal, 2 at 0.0, 3 at 1.0, 4 at 0.0, 5 at -1.0 (an occupied square)
+    rounds = groups([0.8, 0.8], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [-1.0, -1.0])
+    first, lowest = GroupSieve(want=1, unanimous=2), GroupSieve(want=1, unanimous=2, unanimous_lowest=True)
+    for sieve in (first, lowest):
+        sieve.add(rounds)
+    assert first.kept() == {1, 0, 2}  # sampling order: the 0.8 group before the 0.0 ones
+    assert lowest.kept() == {1, 5, 2}  # the lowest: -1.0, then the first of the two 0.0 groups (ties: sampling order)
+    assert lowest.metrics()["rollout/groups_unanimous_kept"] == 2.0
+    assert GroupSieve(want=1, unanimous=6, unanimous_lowest=True).kept() == set()  # nothing sampled yet
+    off = GroupSieve(want=8, enabled=False, unanimous=2, unanimous_lowest=True)
+    off.add(rounds)
+    assert off.kept() == set(range(6))  # without the filter every group is kept anyway
+
+
 def test_unanimous_groups_need_the_batch_baseline_and_the_filter():
     from rlsys.config import ConfigError, load_config
 
@@ -211,3 +226,8 @@ def test_unanimous_groups_need_the_batch_baseline_and_the_filter():
         load_config(overrides=["algo.unanimous_baseline=batch", "algo.unanimous_groups=2"])
     with pytest.raises(ConfigError, match="algo.unanimous_baseline: GSPO/GRPO only"):
         load_config(overrides=["algo.name=sft", "algo.unanimous_baseline=batch"])
+    below = load_config(overrides=["algo.dynamic_sampling=true", "algo.unanimous_baseline=batch_below",
+                                   "algo.unanimous_groups=2"])
+    assert (below.algo.unanimous_baseline, below.algo.unanimous_groups) == ("batch_below", 2)
+    with pytest.raises(ConfigError, match="unanimous_baseline"):
+        load_config(overrides=["algo.unanimous_baseline=below"])
