@@ -193,6 +193,7 @@ class CollapseWatch:
               f"(entropy {m.get('train/entropy', float('nan')):.3g}), so no step had an advantage to learn from. "
               "What keeps groups apart: algo.kl_coef (a penalty to the start), algo.positive_weight < 1, "
               "algo.top_entropy_frac, algo.entropy_target (an entropy bonus that holds the entropy up), "
+              "algo.unanimous_baseline=batch_below with algo.unanimous_groups (pushes answers given every time down), "
               "a higher rollout.temperature, more rollout.n_samples; "
               "algo.stop_on_collapse=true ends such a run here", flush=True)
         return self.stop
