@@ -283,9 +283,9 @@ class AlgoConfig(_Section):
     lowest-scoring unanimous groups first: raising an answer the policy already gives every time mostly sharpens it
     (docs/usage.md: in the GPU recipe a unanimous 0.8, a slower win where an immediate one was on the board, sat above
     the batch mean and was raised), while pushing down one it gives every time and that scores below the batch moves
-    mass to the other answers of that board. Groups with signal keep
-    their own baseline. Counted in `adv/unanimous_frac`. Under `dynamic_sampling` the filter drops unanimous groups:
-    `unanimous_groups` brings some into the batch."""
+    mass to the other answers of that board. Groups with signal keep their own baseline. Counted in
+    `adv/unanimous_frac`. Under `dynamic_sampling` the filter drops unanimous groups: `unanimous_groups` brings some
+    into the batch."""
     unanimous_groups: int = Field(0, ge=0)
     """Under `dynamic_sampling` with `unanimous_baseline = "batch"` (or `"batch_below"`): up to this many of the
     step's unanimous groups (with a valid member; in sampling order, or lowest reward first under `batch_below`) join
