@@ -209,7 +209,7 @@ def test_second_resolve_reuses_the_folder(converted, gguf_file, cache_root, monk
 
 def test_a_conversion_parses_the_file_once(tmp_path, monkeypatch, gguf_file):
     """transformers' loader opens a new reader in each call (config, weights, config, tokenizer), and each parses the
-    whole metadata (~10 s for Qwen2.5's vocabulary on 2 cores): the conversion shares one reader per file."""
+    whole metadata (~6 s for Qwen2.5's vocabulary on 2 cores): the conversion shares one reader per file."""
     parses: list[str] = []
     parse = gguf.GGUFReader._build_fields
 
