@@ -107,15 +107,14 @@ class GroupSieve:
     zero_var: int = 0  # sampled groups without signal
     with_signal: list[int] = field(default_factory=list)  # group ids with signal, in sampling order
     _kept: list[int] = field(default_factory=list)  # group ids kept, in sampling order (may exceed `want`)
-    _unanimous: list[int] = field(default_factory=list)  # groups without signal that have a valid member
-    _unanimous_reward: dict[int, float] = field(default_factory=dict)  # their one training reward
+    # groups without signal that have a valid member -> their one training reward, in sampling order
+    _unanimous: dict[int, float] = field(default_factory=dict)
 
     def add(self, summaries: Iterable[_Summary]) -> None:
         """One round's summaries (all its groups, every member)."""
         rewards = valid_rewards(summaries, self.mask_truncated, self.truncated_penalty)
         signal = {g: has_signal(r) for g, r in rewards.items()}
-        self._unanimous += [g for g, r in rewards.items() if r and not signal[g]]
-        self._unanimous_reward.update({g: r[0] for g, r in rewards.items() if r and not signal[g]})
+        self._unanimous.update({g: r[0] for g, r in rewards.items() if r and not signal[g]})
         self.rounds += 1
         self.groups_seen += len(signal)
         self.zero_var += sum(not s for s in signal.values())
@@ -142,8 +141,8 @@ class GroupSieve:
         order)."""
         if not self.enabled:
             return set(self._kept[: self.want])
-        candidates = (sorted(self._unanimous, key=self._unanimous_reward.__getitem__) if self.unanimous_lowest
-                      else self._unanimous)  # sorted() is stable: ties stay in sampling order
+        candidates = (sorted(self._unanimous, key=self._unanimous.__getitem__) if self.unanimous_lowest
+                      else list(self._unanimous))  # sorted() is stable: ties stay in sampling order
         return set(self._kept[: self.want]) | set(candidates[: self.unanimous])
 
     def signal_share(self) -> float | None:
