@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
-from rlsys.algos import (EntropyController, GRPOConfig, GSPOConfig, RegularizerConfig, group_advantages, grpo_loss,
-                         gspo_loss, masked_mean, regularizer_loss, sft_loss, token_entropy, token_logprobs,
-                         top_entropy_mask)
+from rlsys.algos import (EntropyController, GRPOConfig, GSPOConfig, RegularizerConfig, decayed_kl_coef,
+                         group_advantages, grpo_loss, gspo_loss, masked_mean, regularizer_loss, sft_loss,
+                         token_entropy, token_logprobs, top_entropy_mask)
 from rlsys.config import AlgoConfig, LearnerConfig, ModelConfig
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported)
@@ -267,6 +267,9 @@ class Learner:
             if self._entropy_ctl is not None:
                 empty["train/entropy_coef"] = self._reg.entropy_coef
             return empty
+        if self.cfg.algo.kl_decay is not None:  # the schedule follows the optimizer steps (a resume restores them)
+            self._reg = replace(self._reg, kl_coef=decayed_kl_coef(self.cfg.algo.kl_coef, self.cfg.algo.kl_decay,
+                                                                   self.optimizer_steps))
         chunks = _split(rows, self.cfg.algo.n_minibatches)
         self._last_trained: list[Segment] = []
         self._tokens = [0, 0]
@@ -312,6 +315,8 @@ class Learner:
             out["train/prefix_saved_frac"] = self._tokens[0] / max(self._tokens[1], 1)
         out["train/padded_frac"] = self._padding[0] / max(self._padding[1], 1)
         out["train/micro_batches"] = float(self._micro)
+        if self.cfg.algo.kl_decay is not None:
+            out["train/kl_coef"] = self._reg.kl_coef
         if self._entropy_ctl is not None:
             out["train/entropy_coef"] = self._reg.entropy_coef  # the one this call applied
             self._adapt_entropy_coef(out.get("train/entropy", math.nan))

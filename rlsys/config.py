@@ -241,6 +241,13 @@ class AlgoConfig(_Section):
     initial model (`model.ckpt`, also after a resume), loaded by the learner in the compute dtype, frozen; it costs
     one more copy of the weights (counted in the memory estimate) and a no-grad forward per micro-batch. Set, every
     sequence runs through the learner. 0 = off, no reference loaded."""
+    kl_decay: tuple[int, int, float] | None = None
+    """With `kl_coef`: `[start, end, final]`, the penalty's coefficient stays `kl_coef` until optimizer step `start`,
+    goes linearly to `final` at step `end`, then stays there (resumes follow the step count). The penalty holds the
+    policy near the reference while the first rewards could lock it onto one answer; once it reads the task the same
+    penalty mostly slows it (the CPU recipe's KL term was ~80% of its loss by step 300, docs/results-cpu.md). The
+    coefficient a batch applied is logged as `train/kl_coef`; `train/kl_ref` is measured at any coefficient, 0
+    included. None: `kl_coef` throughout."""
     entropy_target: float | None = Field(None, gt=0.0)
     """GSPO/GRPO: adaptive entropy control (Skywork-OR1, He et al. 2025; rlsys/algos/regularizers.py
     `EntropyController`): the entropy bonus's coefficient follows the policy's entropy instead of staying fixed, since
@@ -313,6 +320,13 @@ class AlgoConfig(_Section):
     def _regularizers_need_a_policy_loss(self) -> AlgoConfig:
         if self.name == "sft" and (self.entropy_coef or self.kl_coef):
             raise ValueError("algo.entropy_coef / algo.kl_coef: GSPO/GRPO only (SFT's loss takes no regularizer)")
+        if self.kl_decay is not None:
+            start, end, final = self.kl_decay
+            if not self.kl_coef:
+                raise ValueError("algo.kl_decay: decays algo.kl_coef, which is 0 (no penalty, no reference): set kl_coef")
+            if not 0 <= start < end or final < 0.0:
+                raise ValueError(f"algo.kl_decay = {list(self.kl_decay)}: want [start, end, final] with 0 <= start < end "
+                                 "(optimizer steps) and final >= 0")
         if self.name == "sft" and self.entropy_target is not None:
             raise ValueError("algo.entropy_target: GSPO/GRPO only (SFT's loss takes no regularizer)")
         if self.entropy_target is not None and self.entropy_coef_max < self.entropy_coef:

@@ -7,7 +7,8 @@ from rlsys.algos.advantages import group_advantages
 from rlsys.algos.grpo import GRPOConfig, grpo_loss, grpo_normalizer
 from rlsys.algos.gspo import GSPOConfig, gspo_loss, gspo_normalizer
 from rlsys.algos.logprobs import masked_mean, token_entropy, token_logprobs
-from rlsys.algos.regularizers import EntropyController, RegularizerConfig, kl_k3, regularizer_loss, top_entropy_mask
+from rlsys.algos.regularizers import (EntropyController, RegularizerConfig, decayed_kl_coef, kl_k3, regularizer_loss,
+                                      top_entropy_mask)
 from rlsys.algos.sft import sft_loss
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "GRPOConfig",
     "GSPOConfig",
     "RegularizerConfig",
+    "decayed_kl_coef",
     "group_advantages",
     "grpo_loss",
     "grpo_normalizer",

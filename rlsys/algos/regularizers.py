@@ -91,6 +91,16 @@ class EntropyController:
         self.active = min(self.max_coef, max(0.0, float(state["active"])))
 
 
+def decayed_kl_coef(kl_coef: float, decay: tuple[int, int, float] | None, optimizer_steps: int) -> float:
+    """`algo.kl_decay`'s coefficient for the batch after `optimizer_steps` optimizer steps: `kl_coef` up to `start`,
+    linear to `final` at `end`, `final` after (None: `kl_coef`)."""
+    if decay is None:
+        return kl_coef
+    start, end, final = decay
+    done = min(max(optimizer_steps - start, 0) / (end - start), 1.0)
+    return kl_coef + (final - kl_coef) * done
+
+
 def kl_k3(
     logp_new: torch.Tensor,  # (B, T) policy logprobs of the sampled tokens
     logp_ref: torch.Tensor,  # (B, T) reference logprobs of the same tokens

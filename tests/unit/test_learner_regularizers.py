@@ -1,5 +1,5 @@
 """The learner's `train/entropy`, `algo.entropy_coef` (a bonus), `algo.entropy_target` (the bonus's adaptive
-coefficient) and `algo.kl_coef` (k3 KL to a frozen reference)."""
+coefficient), `algo.kl_coef` (k3 KL to a frozen reference) and `algo.kl_decay` (its schedule)."""
 from __future__ import annotations
 
 import pytest
@@ -219,6 +219,44 @@ def test_entropy_target_settings_are_checked(tmp_path):
             job_config(tmp_path, bad)
     # without a target the cap is not checked: a fixed entropy_coef above the (unused) default cap is fine
     assert job_config(tmp_path, "algo.entropy_coef=0.5").algo.entropy_target is None
+
+
+def test_kl_decay_is_kl_coef_until_start_then_linear_to_final_then_flat():
+    from rlsys.algos import decayed_kl_coef
+
+    assert [decayed_kl_coef(0.2, None, s) for s in (0, 10_000)] == [0.2, 0.2]
+    at = [decayed_kl_coef(0.2, (2, 6, 0.0), s) for s in range(9)]
+    assert at == pytest.approx([0.2, 0.2, 0.2, 0.15, 0.1, 0.05, 0.0, 0.0, 0.0])
+    assert decayed_kl_coef(0.1, (0, 4, 0.3), 2) == pytest.approx(0.2)  # up is allowed too
+
+
+def test_the_learner_applies_the_decayed_kl_coefficient_by_its_optimizer_steps_and_after_a_resume(
+        tmp_path, tiny_model_path):
+    from tests.conftest import make_learner
+
+    cfg = job_config(tmp_path, "algo.kl_coef=0.4", "algo.kl_decay=[1, 3, 0.0]")
+    learner = make_learner(cfg, tiny_model_path)
+    seen = [learner.train(_trajectories())["train/kl_coef"] for _ in range(3)]  # after 0, 1, 2 optimizer steps
+    assert seen == pytest.approx([0.4, 0.4, 0.2])
+    ckpt = tmp_path / "ckpt"
+    learner.save_state(ckpt)
+    resumed = make_learner(cfg, str(ckpt))
+    resumed.load_state(ckpt)  # 3 optimizer steps: the schedule's end, 0
+    stats = resumed.train(_trajectories())
+    assert stats["train/kl_coef"] == 0.0 and stats["train/kl_ref"] > 1e-6  # no penalty at 0, the drift still measured
+    # a batch without signal trains nothing at 0 (no regularizer makes its sequences run), as without the option
+    assert resumed.train(_same_reward(_trajectories()))["train/active_frac"] == 0.0
+    assert "train/kl_coef" not in make_learner(job_config(tmp_path, "algo.kl_coef=0.4"), tiny_model_path).train(
+        _trajectories())
+
+
+def test_kl_decay_settings_are_checked(tmp_path):
+    with pytest.raises(Exception, match="kl_decay: decays algo.kl_coef, which is 0"):
+        job_config(tmp_path, "algo.kl_decay=[0, 10, 0.0]")
+    for bad in ("[10, 10, 0.0]", "[-1, 10, 0.0]", "[0, 10, -0.1]"):
+        with pytest.raises(Exception, match="want \\[start, end, final\\]"):
+            job_config(tmp_path, "algo.kl_coef=0.2", f"algo.kl_decay={bad}")
+    assert job_config(tmp_path, "algo.kl_coef=0.2", "algo.kl_decay=[0, 10, 0.0]").algo.kl_decay == (0, 10, 0.0)
 
 
 def _two_rank_adapt(rank: int, port: int, entropies: list[float], out) -> None:
