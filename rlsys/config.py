@@ -245,7 +245,7 @@ class AlgoConfig(_Section):
     """With `kl_coef`: `[start, end, final]`, the penalty's coefficient stays `kl_coef` until optimizer step `start`,
     goes linearly to `final` at step `end`, then stays there (resumes follow the step count). The penalty holds the
     policy near the reference while the first rewards could lock it onto one answer; once it reads the task the same
-    penalty mostly slows it (the CPU recipe's KL term was ~80% of its loss by step 300, docs/results-cpu.md). The
+    penalty pulls it back towards the reference's answers (docs/usage.md, docs/results-cpu.md 2026-12-06). The
     coefficient a batch applied is logged as `train/kl_coef`; `train/kl_ref` is measured at any coefficient, 0
     included. None: `kl_coef` throughout."""
     entropy_target: float | None = Field(None, gt=0.0)
