@@ -45,7 +45,7 @@ from rlsys.algos import (EntropyController, GRPOConfig, GSPOConfig, RegularizerC
                          token_entropy, token_logprobs, top_entropy_mask)
 from rlsys.config import AlgoConfig, LearnerConfig, ModelConfig
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
-                          sharing_supported)
+                          sharing_supported, tokens_saved)
 from rlsys.sampling import training_reward
 from rlsys.types import Segment, Trajectory
 from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES, BucketPacker
@@ -496,7 +496,7 @@ class Learner:
             return plain_token_logprobs(model, ids, attn, entropy)
         groups = find_prefix_groups([r.segment.input_ids for r in micro], [r.segment.loss_mask for r in micro])
         if policy:  # the reference's forward is not counted in train/prefix_saved_frac
-            self._tokens[0] += sum((len(m) - 1) * n for m, n in zip(groups.members, groups.lengths))
+            self._tokens[0] += tokens_saved(ids, groups)
             self._tokens[1] += int(attn.sum())
         if not groups.members:
             return plain_token_logprobs(model, ids, attn, entropy)

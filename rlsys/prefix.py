@@ -6,7 +6,9 @@ tokens before their first loss-masked token) are identical form a sharing group;
 
 1. the prompt minus its last token (the shared prefix, L tokens) runs once through the decoder with a KV cache,
    with grad: the groups' prefixes are right-padded into one (G, L_max) batch, causal attention only (padding at
-   the end cannot reach the real tokens before it);
+   the end cannot reach the real tokens before it). Where the groups' prefixes themselves begin alike (the system
+   prompt and tool schema of every board: ~210 of tic-tac-toe's ~234 tokens), that common part runs once before
+   them, its cache gathered onto the groups, and each group's own rest after it (`common_prefix_length`);
 2. the cache is indexed along the batch onto the group's members (`batch_select_indices`): a gather, so in the
    backward the members' key/value gradients are summed into the one prefix pass, which is exact;
 3. the suffixes (the prompt's last token, then everything after it, right-padded) run with that cache, the 2-D
@@ -181,6 +183,39 @@ def shared_token_logprobs(
     return torch.cat([p[0] for p in parts])[inverse], torch.cat([p[1] for p in parts])[inverse]
 
 
+def group_prefixes(input_ids: torch.Tensor, groups: PrefixGroups, pad: int = 0) -> torch.Tensor:
+    """(G, L_max) each group's shared prefix (its first member's first `lengths[g]` tokens), right-padded."""
+    prefix = torch.full((len(groups.lengths), max(groups.lengths)), pad, dtype=input_ids.dtype,
+                        device=input_ids.device)
+    for g, (m, n) in enumerate(zip(groups.members, groups.lengths)):
+        prefix[g, :n] = input_ids[m[0], :n]
+    return prefix
+
+
+def tokens_saved(input_ids: torch.Tensor, groups: PrefixGroups) -> int:
+    """Tokens that `shared_token_logprobs` does not run through the decoder, against the plain forward of the same
+    rows: each group's prefix for all members but one, and the groups' common prefix for all groups but one."""
+    if not groups.members:
+        return 0
+    saved = sum((len(m) - 1) * n for m, n in zip(groups.members, groups.lengths))
+    return saved + (len(groups.lengths) - 1) * common_prefix_length(group_prefixes(input_ids, groups), groups.lengths)
+
+
+MIN_COMMON_PREFIX = 16  # shorter common prefixes are not given a pass of their own
+
+
+def common_prefix_length(prefix: torch.Tensor, lengths: Sequence[int]) -> int:
+    """The tokens that every group's prefix (the rows of ``prefix`` (G, L_max), ``lengths`` real tokens each)
+    starts with, at most the shortest prefix minus one (each group keeps a token of its own for phase 1); 0 for a
+    single group or fewer than `MIN_COMMON_PREFIX` such tokens, i.e. nothing worth a pass of its own."""
+    if len(lengths) < 2:
+        return 0
+    limit = min(lengths) - 1
+    differs = (prefix[:, :limit] != prefix[:1, :limit]).any(0)  # (limit,) True where some group departs
+    common = int(differs.int().argmax()) if bool(differs.any()) else limit
+    return common if common >= MIN_COMMON_PREFIX else 0
+
+
 def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: int,
                      entropy: EntropyMode = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     from transformers import DynamicCache
@@ -191,12 +226,21 @@ def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: 
     seq_lens = attention_mask.sum(-1).tolist()  # (B,) real tokens per row (right padding)
 
     # Phase 1: the prefixes, one row per group, right-padded; the decoder only (no LM head), with grad.
-    prefix = torch.full((len(lengths), L_max), pad, dtype=input_ids.dtype, device=device)  # (G, L_max)
-    for g, (m, n) in enumerate(zip(groups.members, lengths)):
-        prefix[g, :n] = input_ids[m[0], :n]
+    prefix = group_prefixes(input_ids, groups, pad)  # (G, L_max)
     cache = DynamicCache(config=model.config)
     kw = _cache_kwarg(model)
-    model.base_model(input_ids=prefix, use_cache=True, **{kw: cache})
+    common = common_prefix_length(prefix, lengths)
+    if common:
+        # Phase 0: the tokens that every group's prefix starts with (a system prompt and tool schema), once, then
+        # its cache onto the groups (a gather: the backward sums the groups' gradients into this pass). Phase 1
+        # runs the rests after it at positions common, common + 1, ...: the cache holds the same keys and values
+        # in the same slots as a pass over the whole prefixes (each group's real slots 0..n-1, its padding after).
+        model.base_model(input_ids=prefix[:1, :common], use_cache=True, **{kw: cache})
+        cache.batch_select_indices(torch.zeros(len(lengths), dtype=torch.long, device=device))
+        positions = torch.arange(common, L_max, device=device)[None].expand(len(lengths), -1)  # (G, L_max - common)
+        model.base_model(input_ids=prefix[:, common:], position_ids=positions, use_cache=True, **{kw: cache})
+    else:
+        model.base_model(input_ids=prefix, use_cache=True, **{kw: cache})
 
     # Phase 2: the cache onto the members (a gather: the backward sums the members' gradients into the prefix).
     member_group = [g for g, m in enumerate(groups.members) for _ in m]

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rlsys.algos import GSPOConfig, RegularizerConfig, gspo_loss, regularizer_loss
-from rlsys.prefix import (PrefixGroups, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
-                          sharing_supported)
+from rlsys.prefix import (MIN_COMMON_PREFIX, PrefixGroups, common_prefix_length, find_prefix_groups, group_order,
+                          plain_token_logprobs, shared_token_logprobs, sharing_supported, tokens_saved)
 from rlsys.types import Segment, Trajectory
 from tests.conftest import job_config
 
@@ -17,10 +17,12 @@ def _tokens(seed: int, n: int) -> list[int]:
     return torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _segments() -> list[tuple[list[int], list[int]]]:
+def _segments(system: int = 0) -> list[tuple[list[int], list[int]]]:
     """(input_ids, loss_mask) rows: two prompts shared by 3 and 2 rows, one prompt of its own; answers of different
-    lengths, one answer followed by unsampled tokens, one multi-turn row (sampled, tool result, sampled)."""
-    a, b, c = _tokens(1, 30), _tokens(2, 22), _tokens(3, 17)
+    lengths, one answer followed by unsampled tokens, one multi-turn row (sampled, tool result, sampled). With
+    ``system``, every prompt starts with the same ``system`` tokens (a system prompt and tool schema)."""
+    head = _tokens(5, system)
+    a, b, c = head + _tokens(1, 30), head + _tokens(2, 22), head + _tokens(3, 17)
 
     def row(prompt, spans):  # spans: (seed, length, sampled)
         ids, mask = list(prompt), [0] * len(prompt)
@@ -82,8 +84,9 @@ def test_shorter_rows_first_within_a_prompt_pad_less():
     assert padded(order) == 4 * 660 + 4 * 1900 < padded(list(range(8))) == 4 * 1900 + 4 * 1800
 
 
-def test_shared_logprobs_equal_the_full_forward(model):
-    rows = _segments()
+@pytest.mark.parametrize("system", [0, 40])
+def test_shared_logprobs_equal_the_full_forward(model, system):
+    rows = _segments(system)
     ids, attn, mask = _batch(rows)
     groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
     assert sharing_supported(model) is None
@@ -102,8 +105,9 @@ def test_shared_logprobs_equal_the_full_forward(model):
     assert torch.allclose(shared[after], plain[after], atol=1e-5, rtol=0)
 
 
-def test_gspo_gradients_equal_the_full_forward(model):
-    rows = _segments()
+@pytest.mark.parametrize("system", [0, 40])
+def test_gspo_gradients_equal_the_full_forward(model, system):
+    rows = _segments(system)
     ids, attn, mask = _batch(rows)
     groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
     adv = torch.tensor([1.0, -0.5, -1.2, 0.7, 0.5, 0.3])  # (B,)
@@ -126,8 +130,9 @@ def test_gspo_gradients_equal_the_full_forward(model):
         torch.testing.assert_close(shared[name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
-def test_shared_entropies_and_their_gradients_equal_the_full_forward(model):
-    rows = _segments()
+@pytest.mark.parametrize("system", [0, 40])
+def test_shared_entropies_and_their_gradients_equal_the_full_forward(model, system):
+    rows = _segments(system)
     ids, attn, mask = _batch(rows)
     groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
     sampled = mask.bool()
@@ -153,6 +158,41 @@ def test_shared_entropies_and_their_gradients_equal_the_full_forward(model):
     assert plain and plain.keys() == shared.keys()
     for name, g in plain.items():
         torch.testing.assert_close(shared[name], g, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+def test_the_groups_common_prefix_runs_once(model):
+    """Prompts that begin with the same 40 tokens: those run through the decoder once, not once per group, and
+    (the parametrized tests above) the logprobs, entropies and gradients stay the plain forward's."""
+    rows = _segments(40)
+    ids, attn, _ = _batch(rows)
+    groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
+    assert groups.lengths == [69, 61]
+    prefix = torch.zeros((2, 69), dtype=torch.long)
+    for g, (m, n) in enumerate(zip(groups.members, groups.lengths)):
+        prefix[g, :n] = ids[m[0], :n]
+    assert common_prefix_length(prefix, groups.lengths) == 40
+    assert common_prefix_length(prefix[:1], groups.lengths[:1]) == 0  # one group: nothing in common to share
+    assert common_prefix_length(prefix, [MIN_COMMON_PREFIX, 61]) == 0  # a group whose whole prefix is that short
+    short = prefix.clone()
+    short[1, MIN_COMMON_PREFIX - 1] += 1  # the groups part before MIN_COMMON_PREFIX tokens: no pass of its own
+    assert common_prefix_length(short, groups.lengths) == 0
+    same = torch.stack([prefix[0], prefix[0]])  # identical prefixes: each keeps its last token for itself
+    assert common_prefix_length(same, [69, 69]) == 68
+    # train/prefix_saved_frac's count: a prefix for all members but one, the common part for all groups but one
+    assert tokens_saved(ids, groups) == 2 * 69 + 1 * 61 + 1 * 40
+    assert tokens_saved(*_batch(_segments())[:1], find_prefix_groups(*zip(*_segments()))) == 2 * 29 + 1 * 21
+
+    seen = []  # (rows, tokens) of each decoder pass
+    hook = model.base_model.register_forward_pre_hook(lambda _, args, kw: seen.append(tuple(kw["input_ids"].shape)),
+                                                      with_kwargs=True)
+    try:
+        with torch.no_grad():
+            shared_token_logprobs(model, ids, attn, groups)
+    finally:
+        hook.remove()
+    # the common 40 tokens once, the groups' rests (29 and 21, padded to 29), the suffixes, the lone row
+    assert (1, 40) in seen and (2, 29) in seen, seen
+    assert not any(shape[1] == 69 for shape in seen), seen
 
 
 def test_no_shared_prompt_falls_back_to_the_full_forward(model):
