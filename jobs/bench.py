@@ -621,10 +621,11 @@ def print_proxy_table(r: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------ cpu-decode: the CPU engine's two decode loops
 def synthetic_batch(groups: int, samples: int, prompt_tokens: int, answer_range: tuple[int, int], vocab: int,
-                    seed: int) -> list[Any]:
+                    seed: int, common_tokens: int = 0) -> list[Any]:
     """GSPO trajectories of a job's shape: ``groups`` prompts x ``samples`` answers, answer lengths log-uniform in
     ``answer_range``, random ids below ``vocab``, distinct rewards within each group (every answer has an
-    advantage), as the rollout returns them (the samples of a group interleaved with the other groups')."""
+    advantage), as the rollout returns them (the samples of a group interleaved with the other groups'). The first
+    ``common_tokens`` of every prompt are the same (a system prompt and tool schema)."""
     import math
     import random
 
@@ -632,7 +633,10 @@ def synthetic_batch(groups: int, samples: int, prompt_tokens: int, answer_range:
 
     rng = random.Random(seed)
     lo, hi = answer_range
-    prompts = [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(groups)]
+    if not 0 <= common_tokens <= prompt_tokens:
+        raise ValueError(f"common_tokens must be in 0..prompt_tokens ({prompt_tokens}), got {common_tokens}")
+    common = [rng.randrange(3, vocab) for _ in range(common_tokens)]
+    prompts = [common + [rng.randrange(3, vocab) for _ in range(prompt_tokens - common_tokens)] for _ in range(groups)]
     out = []
     for sample in range(samples):
         for group, prompt in enumerate(prompts):
@@ -661,11 +665,11 @@ def bench_learner(args: argparse.Namespace) -> dict[str, Any]:
     vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
     variants = args.variant or ["sorted=learner.length_order=true", "sampled=learner.length_order=false"]
     batches = [synthetic_batch(args.groups, args.samples, args.prompt_tokens, (args.answer_min, args.answer_max),
-                               vocab, seed=k) for k in range(args.warmup + args.steps)]
+                               vocab, seed=k, common_tokens=args.common_tokens) for k in range(args.warmup + args.steps)]
     real = [sum(len(s.input_ids) for t in b for s in t.segments) for b in batches]
     out: dict[str, Any] = {"model": args.model or base.model.ckpt, "config": args.config, "groups": args.groups,
                            "samples": args.samples, "prompt_tokens": args.prompt_tokens,
-                           "answer_range": [args.answer_min, args.answer_max], "steps": args.steps,
+                           "common_tokens": args.common_tokens, "answer_range": [args.answer_min, args.answer_max], "steps": args.steps,
                            "warmup": args.warmup, "variants": {}}
     for spec in variants:
         name, _, overrides = spec.partition("=")
@@ -692,8 +696,8 @@ def bench_learner(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_learner(r: dict[str, Any]) -> None:
     print(f"\nlearner, {r['model']}: {r['groups']} prompts x {r['samples']} answers, prompt {r['prompt_tokens']} "
-          f"tokens, answers {r['answer_range'][0]}-{r['answer_range'][1]} (log-uniform), "
-          f"{r['tokens_per_step']:.0f} tokens a step, median of {r['steps']} steps after {r['warmup']}")
+          f"tokens ({r.get('common_tokens', 0)} common), answers {r['answer_range'][0]}-{r['answer_range'][1]} "
+          f"(log-uniform), {r['tokens_per_step']:.0f} tokens a step, median of {r['steps']} steps after {r['warmup']}")
     print(f"{'variant':<12}{'compute s':>11}{'tokens/s':>11}{'padded':>9}{'micro':>7}{'prefix saved':>14}"
           f"{'peak GiB':>10}")
     for name, v in r["variants"].items():
@@ -807,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     lrn.add_argument("--groups", type=int, default=8, help="prompts a step")
     lrn.add_argument("--samples", type=int, default=8, help="answers a prompt")
     lrn.add_argument("--prompt-tokens", type=int, default=450)
+    lrn.add_argument("--common-tokens", type=int, default=0, help="of them, the same in every prompt")
     lrn.add_argument("--answer-min", type=int, default=100)
     lrn.add_argument("--answer-max", type=int, default=1500)
     lrn.add_argument("--steps", type=int, default=5, help="timed steps after the warm-up")

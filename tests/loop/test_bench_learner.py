@@ -23,6 +23,12 @@ def test_synthetic_batches_have_the_job_shape_and_an_advantage_everywhere():
             assert 5 <= seg.num_sampled <= 50 and seg.loss_mask[:10] == [0] * 10 and max(seg.input_ids) < 100
     assert synthetic_batch(3, 4, 10, (5, 50), vocab=100, seed=0)[5].segments[0].input_ids == \
         batch[5].segments[0].input_ids  # the same seed, the same batch for every variant
+    # --common-tokens: every prompt opens with the same tokens (a system prompt), then the group's own
+    heads = {tuple(t.segments[0].input_ids[:10]) for t in synthetic_batch(3, 4, 10, (5, 50), vocab=100, seed=0,
+                                                                           common_tokens=6)}
+    assert len(heads) == 3 and len({h[:6] for h in heads}) == 1
+    with pytest.raises(ValueError, match="common_tokens"):
+        synthetic_batch(3, 4, 10, (5, 50), vocab=100, seed=0, common_tokens=11)
 
 
 def test_bench_learner_measures_both_orders_on_the_same_batches(tmp_path, capsys):
