@@ -186,6 +186,8 @@ class Learner:
         if self.prefix_sharing and (why := sharing_supported(self.model)) is not None:
             print(f"rlsys: learner.prefix_sharing off: {why}", flush=True)
             self.prefix_sharing = False
+        common = cfg.learner.common_prefix_pass
+        self.common_prefix_pass = self.prefix_sharing and (self.device.type == "cpu" if common is None else common)
         self._tokens = [0, 0]  # input tokens [not run thanks to prefix sharing, in all] of this `train` call
         self._padding = [0, 0]  # positions of this `train` call's micro-batches [padded, in all]
         self._micro = 0  # micro-batches of this `train` call (forward + backward each)
@@ -496,11 +498,11 @@ class Learner:
             return plain_token_logprobs(model, ids, attn, entropy)
         groups = find_prefix_groups([r.segment.input_ids for r in micro], [r.segment.loss_mask for r in micro])
         if policy:  # the reference's forward is not counted in train/prefix_saved_frac
-            self._tokens[0] += tokens_saved(ids, groups)
+            self._tokens[0] += tokens_saved(ids, groups, common=self.common_prefix_pass)
             self._tokens[1] += int(attn.sum())
         if not groups.members:
             return plain_token_logprobs(model, ids, attn, entropy)
-        return shared_token_logprobs(model, ids, attn, groups, entropy)
+        return shared_token_logprobs(model, ids, attn, groups, entropy, common=self.common_prefix_pass)
 
     @torch.no_grad()
     def _ref_logprobs(self, micro: list[_Row], batch: dict[str, torch.Tensor]) -> torch.Tensor | None:

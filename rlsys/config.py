@@ -430,6 +430,13 @@ class LearnerConfig(_Section):
     prompt no other one has, SFT, and models under gradient checkpointing take the plain full-sequence forward.
     It costs two passes through the layers a micro-batch instead of one: where the learner is bound by its host
     rather than its arithmetic, that cost can outweigh the tokens saved (`scripts/learner_dispatch_probe.py`)."""
+    common_prefix_pass: bool | None = None
+    """With `prefix_sharing`: where the shared prompts of a micro-batch's groups open alike (the system prompt and
+    tool schema of every tic-tac-toe board, ~210 of ~234 tokens), run that common part once before them, its cache
+    gathered onto the groups (`rlsys.prefix.common_prefix_length`; same logprobs and gradients). One more pass a
+    micro-batch for (groups - 1) x its tokens fewer. None: on for a CPU learner (the README job's learner 0.38 ->
+    0.35 s a step, docs/performance.md section 7), off on CUDA, where it has not been measured and a pass's fixed
+    cost can outweigh the tokens (`prefix_sharing` above)."""
     length_order: bool = True
     """Within the rows of one prompt, shorter first before they are cut into micro-batches of `mini_bs` (the
     prompts' order and the gradients stay the same): a micro-batch is as long as its longest row, so short answers

@@ -8,7 +8,8 @@ tokens before their first loss-masked token) are identical form a sharing group;
    with grad: the groups' prefixes are right-padded into one (G, L_max) batch, causal attention only (padding at
    the end cannot reach the real tokens before it). Where the groups' prefixes themselves begin alike (the system
    prompt and tool schema of every board: ~210 of tic-tac-toe's ~234 tokens), that common part runs once before
-   them, its cache gathered onto the groups, and each group's own rest after it (`common_prefix_length`);
+   them, its cache gathered onto the groups, and each group's own rest after it (`common_prefix_length`;
+   `learner.common_prefix_pass`);
 2. the cache is indexed along the batch onto the group's members (`batch_select_indices`): a gather, so in the
    backward the members' key/value gradients are summed into the one prefix pass, which is exact;
 3. the suffixes (the prompt's last token, then everything after it, right-padded) run with that cache, the 2-D
@@ -159,8 +160,10 @@ def shared_token_logprobs(
     attention_mask: torch.Tensor,  # (B, T) 1 on real tokens
     groups: PrefixGroups,
     entropy: EntropyMode = None,
+    common: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # (B, T-1): [b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1])
-    """Per-token logprobs of a micro-batch, the groups' prefixes run once (see the module docstring).
+    """Per-token logprobs of a micro-batch, the groups' prefixes run once, and with ``common`` the part that they
+    all open with once before them (see the module docstring).
 
     Equal to `plain_token_logprobs` wherever input_ids[b, t+1] comes after the row's shared prefix (every
     loss-masked token); 0 on a shared row's prefix and padding positions, which are never loss-masked. With
@@ -175,7 +178,7 @@ def shared_token_logprobs(
         rest = torch.tensor(groups.rest, device=device)
         parts.append(plain_token_logprobs(model, input_ids[rest], attention_mask[rest], entropy))  # (B_r, T-1)
     if groups.members:
-        parts.append(_suffix_logprobs(model, input_ids, attention_mask, groups, T, entropy))  # (B_s, T-1)
+        parts.append(_suffix_logprobs(model, input_ids, attention_mask, groups, T, entropy, common))  # (B_s, T-1)
     inverse = torch.empty(B, dtype=torch.long, device=device)
     inverse[torch.tensor(order, device=device)] = torch.arange(B, device=device)
     if entropy is None:
@@ -192,12 +195,15 @@ def group_prefixes(input_ids: torch.Tensor, groups: PrefixGroups, pad: int = 0) 
     return prefix
 
 
-def tokens_saved(input_ids: torch.Tensor, groups: PrefixGroups) -> int:
+def tokens_saved(input_ids: torch.Tensor, groups: PrefixGroups, common: bool = True) -> int:
     """Tokens that `shared_token_logprobs` does not run through the decoder, against the plain forward of the same
-    rows: each group's prefix for all members but one, and the groups' common prefix for all groups but one."""
+    rows: each group's prefix for all members but one, and (``common``) the groups' common prefix for all groups
+    but one."""
     if not groups.members:
         return 0
     saved = sum((len(m) - 1) * n for m, n in zip(groups.members, groups.lengths))
+    if not common:
+        return saved
     return saved + (len(groups.lengths) - 1) * common_prefix_length(group_prefixes(input_ids, groups), groups.lengths)
 
 
@@ -216,8 +222,8 @@ def common_prefix_length(prefix: torch.Tensor, lengths: Sequence[int]) -> int:
     return common if common >= MIN_COMMON_PREFIX else 0
 
 
-def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: int,
-                     entropy: EntropyMode = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: int, entropy: EntropyMode = None,
+                     common: bool = True) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     from transformers import DynamicCache
 
     device, pad = input_ids.device, 0
@@ -229,16 +235,16 @@ def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: 
     prefix = group_prefixes(input_ids, groups, pad)  # (G, L_max)
     cache = DynamicCache(config=model.config)
     kw = _cache_kwarg(model)
-    common = common_prefix_length(prefix, lengths)
-    if common:
+    head = common_prefix_length(prefix, lengths) if common else 0  # tokens of phase 0
+    if head:
         # Phase 0: the tokens that every group's prefix starts with (a system prompt and tool schema), once, then
         # its cache onto the groups (a gather: the backward sums the groups' gradients into this pass). Phase 1
-        # runs the rests after it at positions common, common + 1, ...: the cache holds the same keys and values
+        # runs the rests after it at positions head, head + 1, ...: the cache holds the same keys and values
         # in the same slots as a pass over the whole prefixes (each group's real slots 0..n-1, its padding after).
-        model.base_model(input_ids=prefix[:1, :common], use_cache=True, **{kw: cache})
+        model.base_model(input_ids=prefix[:1, :head], use_cache=True, **{kw: cache})
         cache.batch_select_indices(torch.zeros(len(lengths), dtype=torch.long, device=device))
-        positions = torch.arange(common, L_max, device=device)[None].expand(len(lengths), -1)  # (G, L_max - common)
-        model.base_model(input_ids=prefix[:, common:], position_ids=positions, use_cache=True, **{kw: cache})
+        positions = torch.arange(head, L_max, device=device)[None].expand(len(lengths), -1)  # (G, L_max - head)
+        model.base_model(input_ids=prefix[:, head:], position_ids=positions, use_cache=True, **{kw: cache})
     else:
         model.base_model(input_ids=prefix, use_cache=True, **{kw: cache})
 

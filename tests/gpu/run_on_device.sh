@@ -5,7 +5,8 @@
 # Performance steps (docs/performance.md): compile, cold, startup, startup-eager, startup-eager-v1, startup-fulldecode,
 # bench-step-fulldecode, machine,
 # startup-eager-spawn, bench-step, bench-step-sleep, bench-step-awake,
-# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b, bench-learner, bench-learner-micro, profile-learner,
+# bench-step-graphs, bench-proxy, bench-sync15, budget-1.5b, bench-learner, bench-learner-micro, bench-learner-common,
+# profile-learner,
 # fingerprint,
 # e.g. STEPS="startup startup-eager bench-step bench-proxy bench-sync15 budget-1.5b" bash tests/gpu/run_on_device.sh
 # Small pure-Python packages the GPU image lacks (tomli_w) travel in .devcarry/extra.
@@ -105,6 +106,13 @@ step bench-learner-micro ${BENCH_LEARNER_S:-420} python3 -m jobs.bench learner -
   --variant nosharing-tok16k=learner.prefix_sharing=false,learner.micro_batch_tokens=16384 \
   --variant nosharing-mbs8=learner.prefix_sharing=false,learner.mini_bs=8 \
   --out "$out/bench-learner-micro.json"
+# the tic-tac-toe learner with and without the groups' common-prefix pass (learner.common_prefix_pass: on for a CPU
+# learner since 2026-12-06, where it took the README job's learner 0.38 -> 0.35 s; off on CUDA until this measures it):
+# 4 boards x 4 samples, ~234-token prompts of which ~210 are the shared system prompt, answers of ~35 tokens
+step bench-learner-common ${BENCH_LEARNER_S:-300} python3 -m jobs.bench learner --config configs/tictactoe-qwen0.5b.toml \
+  --model qwen0.5b-random --cache $BENCH --steps 10 --warmup 2 --groups 4 --samples 4 --prompt-tokens 234 \
+  --common-tokens 210 --answer-min 20 --answer-max 60 --variant common=learner.common_prefix_pass=true \
+  --variant nocommon=learner.common_prefix_pass=false --out "$out/bench-learner-common.json"
 # where a micro-batch's time goes (the GPU's arithmetic for 4 rows of ~900 tokens is ~30-70 ms): the config's learner
 # (no prefix sharing) under torch.profiler, its top operators by CUDA and CPU time, beside prefix sharing, and sharing
 # with 16 rows or a 16k-position budget

@@ -182,17 +182,35 @@ def test_the_groups_common_prefix_runs_once(model):
     assert tokens_saved(ids, groups) == 2 * 69 + 1 * 61 + 1 * 40
     assert tokens_saved(*_batch(_segments())[:1], find_prefix_groups(*zip(*_segments()))) == 2 * 29 + 1 * 21
 
-    seen = []  # (rows, tokens) of each decoder pass
-    hook = model.base_model.register_forward_pre_hook(lambda _, args, kw: seen.append(tuple(kw["input_ids"].shape)),
-                                                      with_kwargs=True)
-    try:
-        with torch.no_grad():
-            shared_token_logprobs(model, ids, attn, groups)
-    finally:
-        hook.remove()
+    def passes(common: bool) -> tuple[list[tuple[int, int]], torch.Tensor]:  # (rows, tokens) of each decoder pass
+        seen = []
+        hook = model.base_model.register_forward_pre_hook(
+            lambda _, args, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+        try:
+            with torch.no_grad():
+                logp = shared_token_logprobs(model, ids, attn, groups, common=common)
+        finally:
+            hook.remove()
+        return seen, logp
+
+    seen, with_pass = passes(True)
     # the common 40 tokens once, the groups' rests (29 and 21, padded to 29), the suffixes, the lone row
     assert (1, 40) in seen and (2, 29) in seen, seen
     assert not any(shape[1] == 69 for shape in seen), seen
+    seen, without = passes(False)  # learner.common_prefix_pass = false: the whole prefixes in one pass, as before
+    assert (2, 69) in seen and (1, 40) not in seen, seen
+    assert tokens_saved(ids, groups, common=False) == 2 * 69 + 1 * 61
+    sampled = _batch(rows)[2].bool()
+    assert torch.allclose(with_pass[sampled], without[sampled], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("setting,on", [("", True), ("learner.common_prefix_pass=false", False),
+                                        ("learner.prefix_sharing=false", False)])
+def test_the_learner_runs_the_common_pass_on_cpu_unless_told_not_to(tmp_path, tiny_model_path, setting, on):
+    from tests.conftest import make_learner
+
+    learner = make_learner(job_config(tmp_path, *filter(None, [setting])), tiny_model_path)
+    assert learner.device.type == "cpu" and learner.common_prefix_pass is on
 
 
 def test_no_shared_prompt_falls_back_to_the_full_forward(model):
