@@ -665,12 +665,13 @@ def bench_learner(args: argparse.Namespace) -> dict[str, Any]:
     vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
     variants = args.variant or ["sorted=learner.length_order=true", "sampled=learner.length_order=false"]
     batches = [synthetic_batch(args.groups, args.samples, args.prompt_tokens, (args.answer_min, args.answer_max),
-                               vocab, seed=k, common_tokens=args.common_tokens) for k in range(args.warmup + args.steps)]
+                               vocab, seed=k, common_tokens=args.common_tokens)
+               for k in range(args.warmup + args.steps)]
     real = [sum(len(s.input_ids) for t in b for s in t.segments) for b in batches]
     out: dict[str, Any] = {"model": args.model or base.model.ckpt, "config": args.config, "groups": args.groups,
                            "samples": args.samples, "prompt_tokens": args.prompt_tokens,
-                           "common_tokens": args.common_tokens, "answer_range": [args.answer_min, args.answer_max], "steps": args.steps,
-                           "warmup": args.warmup, "variants": {}}
+                           "common_tokens": args.common_tokens, "answer_range": [args.answer_min, args.answer_max],
+                           "steps": args.steps, "warmup": args.warmup, "variants": {}}
     for spec in variants:
         name, _, overrides = spec.partition("=")
         cfg = load_config(args.config, overrides=[*args.overrides, *filter(None, overrides.split(","))])
