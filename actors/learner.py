@@ -498,7 +498,7 @@ class Learner:
             return plain_token_logprobs(model, ids, attn, entropy)
         groups = find_prefix_groups([r.segment.input_ids for r in micro], [r.segment.loss_mask for r in micro])
         if policy:  # the reference's forward is not counted in train/prefix_saved_frac
-            self._tokens[0] += tokens_saved(ids, groups, common=self.common_prefix_pass)
+            self._tokens[0] += tokens_saved(groups, common=self.common_prefix_pass)
             self._tokens[1] += int(attn.sum())
         if not groups.members:
             return plain_token_logprobs(model, ids, attn, entropy)

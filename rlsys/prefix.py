@@ -30,6 +30,7 @@ for attention implementations other than sdpa and eager (tested on CPU only, sdp
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -48,12 +49,16 @@ class PrefixGroups:
     members: list[list[int]] = field(default_factory=list)  # (G,) rows of each sharing group, >= 2 rows each
     lengths: list[int] = field(default_factory=list)  # (G,) shared tokens of each group: its prompt minus the last
     rest: list[int] = field(default_factory=list)  # rows on the plain path
+    common: int = 0  # tokens that every group's prefix opens with, run once before them (`common_prefix_length`)
 
     def __post_init__(self) -> None:
         if len(self.members) != len(self.lengths):
             raise ValueError(f"PrefixGroups: {len(self.members)} groups but {len(self.lengths)} lengths")
         if any(n < 1 for n in self.lengths):
             raise ValueError(f"PrefixGroups: shared lengths must be >= 1, got {self.lengths}")
+        if self.common and not (len(self.lengths) >= 2 and 0 < self.common < min(self.lengths)):
+            raise ValueError(f"PrefixGroups: a common prefix of {self.common} tokens needs >= 2 groups whose "
+                             f"prefixes are all longer, got lengths {self.lengths}")
 
     @property
     def shared_rows(self) -> int:
@@ -66,7 +71,7 @@ def find_prefix_groups(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[
 
     Groups in order of first appearance; a prompt of fewer than 2 tokens (nothing left to share once its last
     token goes to the suffix), a row without sampled tokens, or a prompt held by fewer than `min_members` rows
-    stays on the plain path."""
+    stays on the plain path. `common`: what the groups' prefixes all open with (`common_prefix_length`)."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     rest = []
     for i, (ids, mask) in enumerate(zip(input_ids, loss_masks)):
@@ -75,14 +80,28 @@ def find_prefix_groups(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[
             rest.append(i)
             continue
         by_prompt.setdefault(tuple(ids[:first]), []).append(i)
-    members, lengths = [], []
+    members, lengths, prefixes = [], [], []
     for prompt, rows in by_prompt.items():
         if len(rows) >= min_members:
             members.append(rows)
             lengths.append(len(prompt) - 1)
+            prefixes.append(prompt[:-1])
         else:
             rest += rows
-    return PrefixGroups(members, lengths, sorted(rest))
+    return PrefixGroups(members, lengths, sorted(rest), common_prefix_length(prefixes))
+
+
+MIN_COMMON_PREFIX = 16  # shorter common prefixes are not given a pass of their own
+
+
+def common_prefix_length(prefixes: Sequence[Sequence[int]]) -> int:
+    """The tokens that every one of the groups' ``prefixes`` opens with, at most the shortest minus one (each group
+    keeps a token of its own for phase 1); 0 for a single group or fewer than `MIN_COMMON_PREFIX` such tokens,
+    i.e. nothing worth a pass of its own."""
+    if len(prefixes) < 2:
+        return 0
+    common = min(len(os.path.commonprefix(list(prefixes))), min(len(p) for p in prefixes) - 1)
+    return common if common >= MIN_COMMON_PREFIX else 0
 
 
 def group_order(input_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]], by_length: bool = True
@@ -186,40 +205,12 @@ def shared_token_logprobs(
     return torch.cat([p[0] for p in parts])[inverse], torch.cat([p[1] for p in parts])[inverse]
 
 
-def group_prefixes(input_ids: torch.Tensor, groups: PrefixGroups, pad: int = 0) -> torch.Tensor:
-    """(G, L_max) each group's shared prefix (its first member's first `lengths[g]` tokens), right-padded."""
-    prefix = torch.full((len(groups.lengths), max(groups.lengths)), pad, dtype=input_ids.dtype,
-                        device=input_ids.device)
-    for g, (m, n) in enumerate(zip(groups.members, groups.lengths)):
-        prefix[g, :n] = input_ids[m[0], :n]
-    return prefix
-
-
-def tokens_saved(input_ids: torch.Tensor, groups: PrefixGroups, common: bool = True) -> int:
+def tokens_saved(groups: PrefixGroups, common: bool = True) -> int:
     """Tokens that `shared_token_logprobs` does not run through the decoder, against the plain forward of the same
     rows: each group's prefix for all members but one, and (``common``) the groups' common prefix for all groups
     but one."""
-    if not groups.members:
-        return 0
     saved = sum((len(m) - 1) * n for m, n in zip(groups.members, groups.lengths))
-    if not common:
-        return saved
-    return saved + (len(groups.lengths) - 1) * common_prefix_length(group_prefixes(input_ids, groups), groups.lengths)
-
-
-MIN_COMMON_PREFIX = 16  # shorter common prefixes are not given a pass of their own
-
-
-def common_prefix_length(prefix: torch.Tensor, lengths: Sequence[int]) -> int:
-    """The tokens that every group's prefix (the rows of ``prefix`` (G, L_max), ``lengths`` real tokens each)
-    starts with, at most the shortest prefix minus one (each group keeps a token of its own for phase 1); 0 for a
-    single group or fewer than `MIN_COMMON_PREFIX` such tokens, i.e. nothing worth a pass of its own."""
-    if len(lengths) < 2:
-        return 0
-    limit = min(lengths) - 1
-    differs = (prefix[:, :limit] != prefix[:1, :limit]).any(0)  # (limit,) True where some group departs
-    common = int(differs.int().argmax()) if bool(differs.any()) else limit
-    return common if common >= MIN_COMMON_PREFIX else 0
+    return saved + (len(groups.lengths) - 1) * groups.common if common else saved
 
 
 def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: int, entropy: EntropyMode = None,
@@ -232,10 +223,12 @@ def _suffix_logprobs(model, input_ids, attention_mask, groups: PrefixGroups, T: 
     seq_lens = attention_mask.sum(-1).tolist()  # (B,) real tokens per row (right padding)
 
     # Phase 1: the prefixes, one row per group, right-padded; the decoder only (no LM head), with grad.
-    prefix = group_prefixes(input_ids, groups, pad)  # (G, L_max)
+    prefix = torch.full((len(lengths), L_max), pad, dtype=input_ids.dtype, device=device)  # (G, L_max)
+    for g, (m, n) in enumerate(zip(groups.members, lengths)):
+        prefix[g, :n] = input_ids[m[0], :n]
     cache = DynamicCache(config=model.config)
     kw = _cache_kwarg(model)
-    head = common_prefix_length(prefix, lengths) if common else 0  # tokens of phase 0
+    head = groups.common if common else 0  # tokens of phase 0
     if head:
         # Phase 0: the tokens that every group's prefix starts with (a system prompt and tool schema), once, then
         # its cache onto the groups (a gather: the backward sums the groups' gradients into this pass). Phase 1

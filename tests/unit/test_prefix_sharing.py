@@ -166,21 +166,22 @@ def test_the_groups_common_prefix_runs_once(model):
     rows = _segments(40)
     ids, attn, _ = _batch(rows)
     groups = find_prefix_groups([r[0] for r in rows], [r[1] for r in rows])
-    assert groups.lengths == [69, 61]
-    prefix = torch.zeros((2, 69), dtype=torch.long)
-    for g, (m, n) in enumerate(zip(groups.members, groups.lengths)):
-        prefix[g, :n] = ids[m[0], :n]
-    assert common_prefix_length(prefix, groups.lengths) == 40
-    assert common_prefix_length(prefix[:1], groups.lengths[:1]) == 0  # one group: nothing in common to share
-    assert common_prefix_length(prefix, [MIN_COMMON_PREFIX, 61]) == 0  # a group whose whole prefix is that short
-    short = prefix.clone()
-    short[1, MIN_COMMON_PREFIX - 1] += 1  # the groups part before MIN_COMMON_PREFIX tokens: no pass of its own
-    assert common_prefix_length(short, groups.lengths) == 0
-    same = torch.stack([prefix[0], prefix[0]])  # identical prefixes: each keeps its last token for itself
-    assert common_prefix_length(same, [69, 69]) == 68
+    assert groups.lengths == [69, 61] and groups.common == 40
+    prefixes = [rows[m[0]][0][:n] for m, n in zip(groups.members, groups.lengths)]
+    assert common_prefix_length(prefixes) == 40
+    assert common_prefix_length(prefixes[:1]) == 0  # one group: nothing in common to share
+    # a group whose whole prefix is that short keeps one token of it for itself: too little left in common
+    assert common_prefix_length([prefixes[0], prefixes[1][:MIN_COMMON_PREFIX]]) == 0
+    short = [prefixes[0], list(prefixes[1])]
+    short[1][MIN_COMMON_PREFIX - 1] += 1  # the groups part before MIN_COMMON_PREFIX tokens: no pass of its own
+    assert common_prefix_length(short) == 0
+    assert common_prefix_length([prefixes[0], prefixes[0]]) == 68  # identical: each keeps its last token for itself
+    assert find_prefix_groups(*zip(*_segments())).common == 0  # prompts that open differently
+    with pytest.raises(ValueError, match="common prefix"):
+        PrefixGroups([[0, 1], [2, 3]], [69, 61], [], common=61)
     # train/prefix_saved_frac's count: a prefix for all members but one, the common part for all groups but one
-    assert tokens_saved(ids, groups) == 2 * 69 + 1 * 61 + 1 * 40
-    assert tokens_saved(*_batch(_segments())[:1], find_prefix_groups(*zip(*_segments()))) == 2 * 29 + 1 * 21
+    assert tokens_saved(groups) == 2 * 69 + 1 * 61 + 1 * 40
+    assert tokens_saved(find_prefix_groups(*zip(*_segments()))) == 2 * 29 + 1 * 21
 
     def passes(common: bool) -> tuple[list[tuple[int, int]], torch.Tensor]:  # (rows, tokens) of each decoder pass
         seen = []
@@ -199,7 +200,7 @@ def test_the_groups_common_prefix_runs_once(model):
     assert not any(shape[1] == 69 for shape in seen), seen
     seen, without = passes(False)  # learner.common_prefix_pass = false: the whole prefixes in one pass, as before
     assert (2, 69) in seen and (1, 40) not in seen, seen
-    assert tokens_saved(ids, groups, common=False) == 2 * 69 + 1 * 61
+    assert tokens_saved(groups, common=False) == 2 * 69 + 1 * 61
     sampled = _batch(rows)[2].bool()
     assert torch.allclose(with_pass[sampled], without[sampled], atol=1e-5, rtol=0)
 
