@@ -6,8 +6,7 @@ EXTRA="gspo:rollout.overlap=true" (and gspo:algo.logp_mode=\"decoupled\" for the
 import json, os, sys, time
 from pathlib import Path
 import tempfile
-REPO_ROOT = Path(__file__).resolve().parents[3]  # run from anywhere: docs/data/<dir>/ci_spread.py
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root: run from anywhere
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 import ray
 from tests.loop.test_learning import centre_free_boards, shortened
@@ -20,7 +19,7 @@ out = Path(sys.argv[1])
 extra = os.environ.get("EXTRA", "").split()
 for pair in sys.argv[2:]:
     seed, board_seed = map(int, pair.split(":"))
-    tmp = Path(tempfile.mkdtemp(prefix=f"ci-spread-{seed}-{board_seed}-")); tmp.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"ci-spread-{seed}-{board_seed}-"))
     recipe = read_recipe(REPO / "configs" / "recipes" / "tictactoe-tiny.toml")
     recipe.seed = seed
     t0 = time.time()
