@@ -1,7 +1,7 @@
 """The learning path learns: the README's main recipe, shortened, on CPU under a real local Ray, fixed seeds.
 
 Format SFT (60 steps), then GSPO (30 steps of 8 boards x 4 samples, lr 5e-4), and the greedy held-out legal-move
-rate must rise by at least MARGIN. Everything is the main recipe's path (recipe chaining, proxy, tool-call parser,
+rate must rise by at least MARGIN and end at LEGAL_FLOOR or more. Everything is the main recipe's path (recipe chaining, proxy, tool-call parser,
 reward, group advantages, GSPO loss, optimizer, weight push, held-out eval); only the boards differ, and the
 rollout runs in turn with the update where the recipe overlaps them (see `shortened`).
 
@@ -29,6 +29,11 @@ from tests.loop.conftest import REPO
 pytestmark = [pytest.mark.timeout(480), pytest.mark.slow]
 
 MARGIN = 0.5  # legal-move rate, greedy held-out: after >= before + MARGIN (measured +0.61 to +0.67)
+# and after >= LEGAL_FLOOR: all 25 measured runs of this test's shape (recipe seeds 0-7 with the KL penalty alone,
+# the same 8 with the top-entropy loss, 9 overlapped; docs/results-cpu.md, "CI test") ended at 1.000 of the 64
+# boards, so 3 boards of slack: a path that learns most of the rule but not all of it (0.89-0.94) passes the rise
+# and fails here
+LEGAL_FLOOR = 0.95
 OPTIMAL_MARGIN = 0.25  # optimal-move rate, the same boards (measured +0.33 to +0.69; this test's seed +0.50)
 REWARD_MARGIN = 0.3  # mean rollout reward, last 10 GSPO steps minus first 10 (measured +0.42 to +0.64)
 
@@ -73,6 +78,8 @@ def test_shortened_recipe_raises_the_held_out_legal_move_rate(ray_local, tmp_pat
     assert after >= before + MARGIN, (
         f"greedy held-out legal-move rate {before:.3f} -> {after:.3f}: less than +{MARGIN} after 30 GSPO steps; "
         f"curve: {curve}")
+    assert after >= LEGAL_FLOOR, (
+        f"greedy held-out legal-move rate {after:.3f} after 30 GSPO steps, below {LEGAL_FLOOR}; curve: {curve}")
     opt_before, opt_after = summary["held_out"]["optimal_move_rate"]
     assert opt_after >= opt_before + OPTIMAL_MARGIN, (
         f"greedy held-out optimal-move rate {opt_before:.3f} -> {opt_after:.3f}: less than +{OPTIMAL_MARGIN}; "
