@@ -5,7 +5,7 @@ variants x seeds, as docs/results.md shows them.
 
 Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window` steps; the
 windows overlap on runs shorter than two windows), the policy's entropy (and KL to the reference when `algo.kl_coef`
-is set), the mean time per phase, and the held-out evaluations: the environment's rates and the mean reward. The
+is set; with `algo.top_entropy_frac` the entropy is the selected tokens' mean, and every output says so), the mean time per phase, and the held-out evaluations: the environment's rates and the mean reward. The
 error table follows the environment's outcome order (`Environment.outcomes`). Writes `RUN_DIR/plots/`: reward.png,
 response_len.png, loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run
 did not log, e.g. logp_diff for SFT, is skipped and said so).
@@ -65,6 +65,12 @@ class Run:
 
     def keys(self, prefix: str) -> list[str]:
         return sorted({k for r in self.rows for k in r if k.startswith(prefix)})
+
+
+def entropy_top_frac(run: Run) -> float | None:
+    """The run's `algo.top_entropy_frac`: its `train/entropy` is then the mean over that share of the sampled tokens,
+    the highest-entropy ones (several times the all-token mean), so it is labelled as such wherever it is shown."""
+    return as_float((run.config.get("algo") or {}).get("top_entropy_frac"))
 
 
 def as_float(v: Any) -> float | None:
@@ -140,7 +146,7 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
         "run_dir": str(run.path), "steps": len(run.rows),
         "first_step": int(run.rows[0]["step"]) + 1, "last_step": int(run.rows[-1]["step"]) + 1,
         "algo": run.config.get("algo", {}).get("name"), "model": run.config.get("model", {}).get("ckpt"),
-        "window": window, "outcomes": outcome_order(run.config),
+        "window": window, "outcomes": outcome_order(run.config), "entropy_top_frac": entropy_top_frac(run),
     }
     finite = [(s, r) for s, r in zip(steps, rewards) if math.isfinite(r)]
     if finite and out["algo"] != "sft":  # SFT episodes carry no reward (logged as 0.0)
@@ -194,7 +200,9 @@ def format_summary(s: dict[str, Any]) -> str:
                              ("train/logp_diff_mean", "|dlogp|", ".2e"), ("train/entropy", "entropy", ".4f"),
                              ("train/kl_ref", "KL to ref", ".2e"), ("perf/tokens_per_s", "tokens/s", ".0f")):
         if key in means:
-            lines.append(f"  {label:<12} mean {_fmt(means[key], spec)}, last {_fmt(lasts[key], spec)}")
+            scope = (f" (the top {s['entropy_top_frac']:g} of the sampled tokens: algo.top_entropy_frac)"
+                     if key == "train/entropy" and s.get("entropy_top_frac") else "")
+            lines.append(f"  {label:<12} mean {_fmt(means[key], spec)}, last {_fmt(lasts[key], spec)}{scope}")
     if s["errors"]:
         lines.append(f"  error table (fraction of trajectories)   first {s['window']}   last {s['window']}   change")
         for label, v in sorted(s["errors"].items(), key=lambda kv: _label_order(kv[0], s.get("outcomes", ()))):
@@ -253,7 +261,7 @@ def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
             "updates": _updates(run.rows),
             "reward": _window_means(run, "rollout/rewards_mean", window),
             "zero_var": _window_means(run, "rollout/zero_var_group_frac", window),
-            "entropy": _window_means(run, "train/entropy", window),
+            "entropy": _window_means(run, "train/entropy", window), "entropy_top_frac": entropy_top_frac(run),
             "truncated_last": _window_means(run, "rollout/truncated_frac", window)[1],
             "step_s_median": sorted(step_s)[len(step_s) // 2] if step_s else None,
             "wall_s": _wall_s(run, step_s, evals),
@@ -295,7 +303,8 @@ def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] 
     def cells(r: dict[str, Any]) -> list[str]:
         spread = r["perturbed_reward"]
         return [r["run"], str(r["steps"]), str(r["updates"]), pair(r["reward"]), pair(r["zero_var"], ".2f"),
-                pair(r["entropy"]), _fmt(r["truncated_last"], ".2f"), _fmt(r["step_s_median"], ".2f"),
+                pair(r["entropy"]) + (f" (top {r['entropy_top_frac']:g})" if r.get("entropy_top_frac") else ""),
+                _fmt(r["truncated_last"], ".2f"), _fmt(r["step_s_median"], ".2f"),
                 _fmt(None if r["wall_s"] is None else r["wall_s"] / 60, ".1f"),
                 *[pair(r["heldout"].get(n, (None, None))) for n in names],
                 "-" if spread is None else f"{spread[0]:.3f}-{spread[1]:.3f}"]
@@ -378,19 +387,24 @@ def line_styles(names: list[str]) -> list[tuple[str, str]]:
 
 def write_comparison_plot(runs: list[Run], path: str | Path, smooth: int = 10) -> Path:
     """One PNG of several runs: reward, zero-variance group fraction (before dynamic sampling's filter) and token
-    entropy against the step, each a ``smooth``-step moving average, one line per run (`line_styles`)."""
+    entropy against the step, each a ``smooth``-step moving average, one line per run (`line_styles`). A run with
+    `algo.top_entropy_frac` is marked * (its entropy is the selected tokens' mean, not comparable with the others)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(COMPARED), 1, figsize=(7, 2.4 * len(COMPARED)), sharex=True)
-    for run, (colour, style) in zip(runs, line_styles([r.path.name for r in runs])):
+    marked = [entropy_top_frac(run) is not None for run in runs]
+    for run, star, (colour, style) in zip(runs, marked, line_styles([r.path.name for r in runs])):
         for ax, (key, _) in zip(axes, COMPARED):
             steps, values = run.series(key)
             if steps:
-                ax.plot(steps, moving_mean(values, smooth), color=colour, ls=style, lw=1.2, label=run.path.name)
-    for ax, (_, what) in zip(axes, COMPARED):
+                ax.plot(steps, moving_mean(values, smooth), color=colour, ls=style, lw=1.2,
+                        label=run.path.name + ("*" if star else ""))
+    for ax, (key, what) in zip(axes, COMPARED):
+        if key == "train/entropy" and any(marked):
+            what += "\n(*: top-entropy tokens')"
         ax.set(ylabel=what)
         ax.grid(alpha=0.3)
     axes[0].set_title(f"{smooth}-step moving averages")
@@ -494,7 +508,9 @@ def write_plots(run: Run, out_dir: str | Path | None = None) -> tuple[list[Path]
         fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.5 + 1.5 * len(series)), sharex=True, squeeze=False)
         for ax, (key, (s, v)) in zip(axes[:, 0], series.items()):
             ax.plot(s, v, color="tab:orange" if key == "train/entropy" else "tab:brown")
-            ax.set(ylabel="nats", title=f"{key}: {title}")
+            frac = entropy_top_frac(run) if key == "train/entropy" else None
+            what = f"{key} (the top {frac:g} of the sampled tokens)" if frac else key
+            ax.set(ylabel="nats", title=f"{what}: {title}")
             ax.grid(alpha=0.3)
         axes[-1, 0].set_xlabel("step")
         save(fig, "entropy.png")

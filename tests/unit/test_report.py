@@ -209,3 +209,22 @@ def test_line_styles_tell_seeds_apart_by_colour_alone_or_by_style_within_a_varia
     assert line_styles(["gsm0", "gsm1", "gsm2"]) == [("C0", "-"), ("C1", "-"), ("C2", "-")]
     assert line_styles(["lora0", "full0", "lora1", "full_seed1", "lora2"]) == [
         ("C0", "-"), ("C1", "-"), ("C0", "--"), ("C1", "--"), ("C0", ":")]
+
+
+def test_entropy_over_the_top_entropy_tokens_is_labelled_as_such(tmp_path, capsys):
+    """With `algo.top_entropy_frac` the logged entropy is the selected tokens' mean (several times the all-token
+    mean): the summary, the table and the entropy plot say so, and a run without it is not marked."""
+    from rlsys.report import compare_runs, format_comparison, format_summary
+
+    top, plain = make_run(tmp_path / "top0"), make_run(tmp_path / "plain0")
+    (top / "config.resolved.toml").write_text('[algo]\nname = "gspo"\ntop_entropy_frac = 0.2\n')
+    text = format_summary(summarize_run(load_run(top), window=10))
+    assert "entropy      mean 0.7700, last 0.5400 (the top 0.2 of the sampled tokens: algo.top_entropy_frac)" in text
+    assert "top 0.2" not in format_summary(summarize_run(load_run(plain), window=10))
+    rows = compare_runs([load_run(top), load_run(plain)], window=10)
+    table = format_comparison(rows, window=10).splitlines()
+    assert "| 0.910 -> 0.630 (top 0.2) |" in table[2] and "(top" not in table[3]
+    png = tmp_path / "compare.png"
+    assert main([str(top), str(plain), "--plot", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
+    written, _ = write_plots(load_run(top), tmp_path / "plots")
+    assert any(p.name == "entropy.png" for p in written)
