@@ -253,7 +253,9 @@ class Learner:
             out = self._train(trajs)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        out.update({"time/learner_fetch": t1 - t0, "time/learner_compute": time.perf_counter() - t1, **probe.finish()})
+        compute_s = time.perf_counter() - t1
+        release_cached_memory(self.device, self.cfg.learner.empty_cache)  # learner.empty_cache: after the peak
+        out.update({"time/learner_fetch": t1 - t0, "time/learner_compute": compute_s, **probe.finish()})
         if self.world_size > 1:  # the driver compares the ranks' (they must stay bit-equal)
             out["train/weights_digest"] = weights_digest(self.params)  # outside learner_compute: one pass
         return out
@@ -722,6 +724,15 @@ def apply_memory_budget(split: Any, budget_gib: float | None, device: torch.devi
     return fraction
 
 
+def release_cached_memory(device: torch.device, enabled: bool) -> bool:
+    """`learner.empty_cache`: on a GPU, give the caching allocator's unused blocks back to the device. Returns whether
+    it did."""
+    if not enabled or device.type != "cuda":
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
 class MemoryProbe:
     """The GPU memory of one `train` call: torch's peak (allocated and reserved, the part the cap limits) and
     the whole device at that peak (NVML's device-wide use at the start, minus what this process had reserved
@@ -746,7 +757,9 @@ class MemoryProbe:
         peak_reserved = torch.cuda.max_memory_reserved(self.index)
         out = {"mem/learner_peak_allocated_gib": torch.cuda.max_memory_allocated(self.index) / GIB,
                "mem/learner_peak_reserved_gib": peak_reserved / GIB,
-               "mem/learner_resident_gib": torch.cuda.memory_allocated(self.index) / GIB}
+               "mem/learner_resident_gib": torch.cuda.memory_allocated(self.index) / GIB,
+               # what the allocator holds after the call (less with learner.empty_cache)
+               "mem/learner_reserved_gib": torch.cuda.memory_reserved(self.index) / GIB}
         if self.used0 is not None:
             out["mem/train_device_used_gib"] = (self.used0 - self.reserved0 + peak_reserved) / GIB
         return out

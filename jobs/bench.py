@@ -291,7 +291,8 @@ STEP_PHASES = (  # (name, how it is computed from one metrics.jsonl row)
     ("step", lambda r: r.get("time/step")),
 )
 MEMORY_KEYS = ("mem/rollout_device_used_gib", "mem/asleep_device_used_gib", "mem/train_device_used_gib",
-               "mem/learner_peak_allocated_gib", "mem/learner_peak_reserved_gib", "mem/learner_resident_gib")
+               "mem/learner_peak_allocated_gib", "mem/learner_peak_reserved_gib", "mem/learner_resident_gib",
+               "mem/learner_reserved_gib")
 
 
 def _sub(a: float | None, *bs: float | None) -> float | None:

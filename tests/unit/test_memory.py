@@ -601,14 +601,33 @@ def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tm
 
     monkeypatch.setattr(memory, "device_used_bytes_nvml", lambda: 10 * GIB)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda index: None)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index: 4 * GIB)
+    reserved = {"now": 4 * GIB}
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index: reserved["now"])
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda index: 7 * GIB)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda index: 6 * GIB)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index: 3 * GIB)
     got = MemoryProbe(torch.device("cuda")).finish()
     assert got == {"mem/learner_peak_allocated_gib": 6.0, "mem/learner_peak_reserved_gib": 7.0,
-                   "mem/learner_resident_gib": 3.0, "mem/train_device_used_gib": 13.0}
+                   "mem/learner_resident_gib": 3.0, "mem/learner_reserved_gib": 4.0, "mem/train_device_used_gib": 13.0}
     assert MemoryProbe(torch.device("cpu")).finish() == {}
+
+    # learner.empty_cache: the unused reserve goes back after the call's peak; the peak figures stay the call's
+    from actors.learner import release_cached_memory
+
+    emptied = []
+
+    def empty_cache():
+        emptied.append(reserved["now"])
+        reserved["now"] = 3 * GIB  # what tensors still use (resident)
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    probe = MemoryProbe(torch.device("cuda"))
+    assert not release_cached_memory(torch.device("cuda"), False) and emptied == []
+    assert not release_cached_memory(torch.device("cpu"), True) and emptied == []
+    assert release_cached_memory(torch.device("cuda"), True) and emptied == [4 * GIB]
+    got = probe.finish()
+    assert got["mem/learner_reserved_gib"] == 3.0 and got["mem/learner_peak_reserved_gib"] == 7.0
+    assert got["mem/train_device_used_gib"] == 13.0
 
 
 def test_keep_awake_auto_stays_awake_only_where_vllm_and_the_learner_fit_side_by_side(qwen15b_folder, tmp_path):
