@@ -243,3 +243,30 @@ def test_summarize_by_kind_leaves_out_the_rate_of_an_absent_kind():
     assert m["win_taken_rate"] == 1.0 and "block_rate" not in m and m["block_episodes"] == 0.0
     with pytest.raises(ValueError, match="2 items but 1 outcomes"):
         summarize_by_kind([{"board": "XX.OO...."}] * 2, ["win"])
+
+
+def test_episode_metrics_name_the_one_rate_the_board_tests():
+    """Training batches get the eval's split by kind: each episode reports the rate of its board's kind, 0 or 1."""
+    from rlsys.envs.tictactoe.env import ENV
+    from rlsys.envs.tictactoe.reward import episode_metrics
+
+    assert ENV.episode_metrics is episode_metrics
+    square = lambda n: _output(_call(json.dumps({"square": n})))  # noqa: E731
+    win, block, lost, other = (make_item(b) for b in ("XX.OO....", "X....XOO.", "...XOXOXO", "XO......."))
+    assert episode_metrics({"item": win, "output": square(3)}) == {"win_taken": 1.0}
+    # any other move (6 blocks O but gives X's win away) and a broken call are misses
+    assert episode_metrics({"item": win, "output": square(6)}) == {"win_taken": 0.0}
+    assert episode_metrics({"item": win, "output": _output(_call("{broken"))}) == {"win_taken": 0.0}
+    assert episode_metrics({"item": block, "output": square(9)}) == {"block": 1.0}
+    assert episode_metrics({"item": block, "output": square(2)}) == {"block": 0.0}
+    assert episode_metrics({"item": lost, "output": square(1)}) == {"lost_legal": 1.0}
+    assert episode_metrics({"item": other, "output": square(2)}) == {
+        "other_optimal": float(outcome({"item": other, "output": square(2)}) in ("optimal", "win"))}
+    with pytest.raises(ValueError, match="invalid dataset item"):  # bad data raises, as the reward does
+        episode_metrics({"item": {"board": "XXX"}, "output": square(1)})
+    # the training job's eval line prints the rates of each prompt variant; the episodes' copies are not one
+    from jobs.train import eval_line
+
+    line = eval_line({"eval/rewards_mean": 0.5, "eval/win_taken_rate": 0.25, "eval/episode/win_taken": 0.25,
+                      "eval/grid_alt/win_taken_rate": 0.5, "eval/grid_alt/episode/win_taken": 0.5})
+    assert line == "rewards_mean 0.500 win_taken 0.250  |  grid_alt: win_taken 0.500"

@@ -38,4 +38,5 @@ ENV = Environment(
     name="tictactoe", agent=agent, reward=reward.reward, outcomes=reward.OUTCOMES, outcome=reward.outcome,
     validate_item=reward.validate_item, summarize=summarize, train_items=train_items, heldout_items=heldout_items,
     sft_items=sft_items, perturbations={v: tagged(v) for v in PERTURBATIONS}, first_request=first_request,
+    episode_metrics=reward.episode_metrics,
     headline=Headline("legal_move", ("legal_suboptimal", "optimal", "win"), "legal_move_rate"))

@@ -22,7 +22,8 @@ trajectory failed and drop it from the group baseline, hiding exactly the behavi
 Only a bad `record['item']` raises: that is bad data or a framework bug, not the model's fault.
 
 `summarize(outcomes)` and `summarize_by_kind(items, outcomes)` are the optional evaluation hooks jobs/eval.py
-calls: the held-out rates over all boards, and split by what a board tests (`game.board_kind`).
+calls: the held-out rates over all boards, and split by what a board tests (`game.board_kind`);
+`episode_metrics(record)` is the same split for the training batches, one episode at a time.
 """
 from __future__ import annotations
 
@@ -128,6 +129,17 @@ KIND_RATES = {
     "lost": ("lost_legal_rate", ("legal_suboptimal", "optimal", "win")),  # every legal move is optimal
     "other": ("other_optimal_rate", ("optimal", "win")),
 }
+
+
+def episode_metrics(record: dict) -> dict[str, float]:
+    """The one `summarize_by_kind` rate this episode's board tests, as 0.0 or 1.0, named without `_rate`:
+    `win_taken` on a board with an immediate win, `block`, `lost_legal` or `other_optimal`. Averaged over a training
+    step's episodes that report it (`Environment.episode_metrics`), they are the sampled policy's rates by kind of
+    board during training (`episode/win_taken`, ...), beside the held-out eval's `win_taken_rate`, ...: where a run
+    stops improving on wins or blocks shows as it trains, not only at the end. (Without `_rate` an evaluation's
+    copy, `eval/episode/win_taken`, is not printed again as if `episode` were a prompt variant.)"""
+    name, hits = KIND_RATES[game.board_kind(_checked_board(record))]
+    return {name.removesuffix("_rate"): float(outcome(record) in hits)}
 
 
 def summarize_by_kind(items: list[dict], outcomes: list[str]) -> dict[str, float]:
