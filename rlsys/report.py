@@ -173,6 +173,8 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
         if values:
             out.setdefault("means", {})[key] = _mean(values)
             out.setdefault("lasts", {})[key] = values[-1]
+    # the environment's per-episode scalars (tic-tac-toe: the rates by kind of board), first vs last window
+    out["episode"] = {key.removeprefix("episode/"): _window_means(run, key, window) for key in run.keys("episode/")}
     out["evals"] = [{"step": e.get("step"), "tag": e.get("tag"),
                      **{k.removeprefix("eval/"): as_float(v) for k, v in e.items() if is_eval_rate(k)}}
                     for e in run.evals]
@@ -207,6 +209,10 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  error table (fraction of trajectories)   first {s['window']}   last {s['window']}   change")
         for label, v in sorted(s["errors"].items(), key=lambda kv: _label_order(kv[0], s.get("outcomes", ()))):
             lines.append(f"    {label:<36} {v['first']:>8.3f}  {v['last']:>8.3f}  {v['last'] - v['first']:>+7.3f}")
+    if s.get("episode"):
+        lines.append(f"  per episode (the environment's episode_metrics), mean first {s['window']} -> last {s['window']}")
+        for name, (a, b) in s["episode"].items():
+            lines.append(f"    {name:<36} {_fmt(a):>8}  {_fmt(b):>8}")
     if s["time_mean_s"]:
         step = s["time_mean_s"].get("step")
         lines.append("  time per step, mean (s)" + (f": {step:.2f} in all" if step else ""))

@@ -228,3 +228,24 @@ def test_entropy_over_the_top_entropy_tokens_is_labelled_as_such(tmp_path, capsy
     assert main([str(top), str(plain), "--plot", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
     written, _ = write_plots(load_run(top), tmp_path / "plots")
     assert any(p.name == "entropy.png" for p in written)
+
+
+def test_the_environments_episode_metrics_are_summed_up_first_against_last_window(tmp_path):
+    """`episode/<name>` (tic-tac-toe: the rates by kind of board) shows as first -> last window means; a step
+    without episodes of a kind logs no key and is left out of that mean."""
+    from rlsys.report import format_summary
+
+    run = make_run(tmp_path / "run")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["episode/win_taken"] = r["step"] / 23
+        if r["step"] != 22:
+            r["episode/block"] = 0.5
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = summarize_run(load_run(run), window=10)
+    assert s["episode"]["win_taken"] == (pytest.approx(4.5 / 23), pytest.approx(18.5 / 23))
+    assert s["episode"]["block"] == (0.5, 0.5)
+    text = format_summary(s)
+    assert "per episode (the environment's episode_metrics), mean first 10 -> last 10" in text
+    assert "    win_taken                               0.196     0.804" in text
+    assert "per episode" not in format_summary(summarize_run(load_run(make_run(tmp_path / "plain")), window=10))
