@@ -5,10 +5,11 @@ variants x seeds, as docs/results.md shows them.
 
 Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window` steps; the
 windows overlap on runs shorter than two windows), the policy's entropy (and KL to the reference when `algo.kl_coef`
-is set; with `algo.top_entropy_frac` the entropy is the selected tokens' mean, and every output says so), the mean time per phase, and the held-out evaluations: the environment's rates and the mean reward. The
-error table follows the environment's outcome order (`Environment.outcomes`). Writes `RUN_DIR/plots/`: reward.png,
-response_len.png, loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run
-did not log, e.g. logp_diff for SFT, is skipped and said so).
+is set; with `algo.top_entropy_frac` the entropy is the selected tokens' mean, and every output says so), the mean
+time per phase, and the held-out evaluations: the environment's rates and the mean reward. The error table follows
+the environment's outcome order (`Environment.outcomes`). Writes `RUN_DIR/plots/`: reward.png, response_len.png,
+loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run did not log, e.g.
+logp_diff for SFT, is skipped and said so).
 
 Reads only files (no Ray, no TensorBoard): works on a run that is still going or was copied elsewhere, also when
 its metrics.jsonl and eval.jsonl were gzipped (`.jsonl.gz`, as docs/data/ keeps them), so the commands in the docs
@@ -210,7 +211,8 @@ def format_summary(s: dict[str, Any]) -> str:
         for label, v in sorted(s["errors"].items(), key=lambda kv: _label_order(kv[0], s.get("outcomes", ()))):
             lines.append(f"    {label:<36} {v['first']:>8.3f}  {v['last']:>8.3f}  {v['last'] - v['first']:>+7.3f}")
     if s.get("episode"):
-        lines.append(f"  per episode (the environment's episode_metrics), mean first {s['window']} -> last {s['window']}")
+        w = s["window"]
+        lines.append(f"  per episode (the environment's episode_metrics), mean first {w} -> last {w}")
         for name, (a, b) in s["episode"].items():
             lines.append(f"    {name:<36} {_fmt(a):>8}  {_fmt(b):>8}")
     if s["time_mean_s"]:

@@ -1,9 +1,9 @@
 """The learning path learns: the README's main recipe, shortened, on CPU under a real local Ray, fixed seeds.
 
 Format SFT (60 steps), then GSPO (30 steps of 8 boards x 4 samples, lr 5e-4), and the greedy held-out legal-move
-rate must rise by at least MARGIN and end at LEGAL_FLOOR or more. Everything is the main recipe's path (recipe chaining, proxy, tool-call parser,
-reward, group advantages, GSPO loss, optimizer, weight push, held-out eval); only the boards differ, and the
-rollout runs in turn with the update where the recipe overlaps them (see `shortened`).
+rate must rise by at least MARGIN and end at LEGAL_FLOOR or more. Everything is the main recipe's path (recipe
+chaining, proxy, tool-call parser, reward, group advantages, GSPO loss, optimizer, weight push, held-out eval); only
+the boards differ, and the rollout runs in turn with the update where the recipe overlaps them (see `shortened`).
 
 Why other boards: on the full board set the tiny model needs 150-300 GSPO steps of 64 episodes before it reads the
 board at all (docs/results-cpu.md: 10+ minutes here, run by the README's main job, not by CI). Here the training

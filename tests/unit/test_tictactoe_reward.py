@@ -254,7 +254,7 @@ def test_episode_metrics_name_the_one_rate_the_board_tests():
     square = lambda n: _output(_call(json.dumps({"square": n})))  # noqa: E731
     win, block, lost, other = (make_item(b) for b in ("XX.OO....", "X....XOO.", "...XOXOXO", "XO......."))
     assert episode_metrics({"item": win, "output": square(3)}) == {"win_taken": 1.0}
-    # any other move (6 blocks O but gives X's win away) and a broken call are misses
+    # any other move (6 blocks O instead of winning) and a broken call are misses
     assert episode_metrics({"item": win, "output": square(6)}) == {"win_taken": 0.0}
     assert episode_metrics({"item": win, "output": _output(_call("{broken"))}) == {"win_taken": 0.0}
     assert episode_metrics({"item": block, "output": square(9)}) == {"block": 1.0}
