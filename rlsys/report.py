@@ -174,7 +174,7 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
         if values:
             out.setdefault("means", {})[key] = _mean(values)
             out.setdefault("lasts", {})[key] = values[-1]
-    # the environment's per-episode scalars (tic-tac-toe: the rates by kind of board), first vs last window
+    # the environment's per-episode scalars (e.g. rates by kind of item), first vs last window
     out["episode"] = {key.removeprefix("episode/"): _window_means(run, key, window) for key in run.keys("episode/")}
     out["evals"] = [{"step": e.get("step"), "tag": e.get("tag"),
                      **{k.removeprefix("eval/"): as_float(v) for k, v in e.items() if is_eval_rate(k)}}
