@@ -102,7 +102,11 @@ def _board_and_move(record: dict) -> tuple[str, int | str]:
 
 def outcome(record: dict) -> str:
     """The error-table label of `record` (one of game.OUTCOMES)."""
-    board, square_or_label = _board_and_move(record)
+    return _label(*_board_and_move(record))
+
+
+def _label(board: str, square_or_label: int | str) -> str:
+    """The error-table label of a checked board and its first call's square (or the label of why there is none)."""
     return square_or_label if isinstance(square_or_label, str) else game.move_outcome(board, square_or_label)
 
 
@@ -138,8 +142,9 @@ def episode_metrics(record: dict) -> dict[str, float]:
     board during training (`episode/win_taken`, ...), beside the held-out eval's `win_taken_rate`, ...: where a run
     stops improving on wins or blocks shows as it trains, not only at the end. (Without `_rate` an evaluation's
     copy, `eval/episode/win_taken`, is not printed again as if `episode` were a prompt variant.)"""
-    name, hits = KIND_RATES[game.board_kind(_checked_board(record))]
-    return {name.removesuffix("_rate"): float(outcome(record) in hits)}
+    board, square_or_label = _board_and_move(record)  # the item checked once
+    name, hits = KIND_RATES[game.board_kind(board)]
+    return {name.removesuffix("_rate"): float(_label(board, square_or_label) in hits)}
 
 
 def summarize_by_kind(items: list[dict], outcomes: list[str]) -> dict[str, float]:
