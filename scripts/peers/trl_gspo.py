@@ -21,8 +21,10 @@ The same work as configs/tictactoe-qwen0.5b.toml, without rlsys's extras:
   (`importance_sampling_level="sequence"`, `loss_type="grpo"`: the mean over a sequence's tokens of a ratio that is
   one per sequence, then the mean over sequences, as rlsys/algos/gspo.py) with rlsys's clip epsilons (3e-4 / 4e-4),
   no KL (beta 0);
-  `mask_truncated_completions` follows the config's `algo.mask_truncated`;
-- left out (rlsys's extras): dynamic sampling, decoupled logp_old, prefix sharing, the weight-push canary, evals.
+  `mask_truncated_completions` follows the config's `algo.mask_truncated`, `top_entropy_quantile` its
+  `algo.top_entropy_frac` (the policy loss on the top-entropy tokens; since 2026-12-06 the config's 0.2);
+- left out (rlsys's extras): dynamic sampling, the adaptive entropy bonus, decoupled logp_old, prefix sharing, the
+  weight-push canary, evals.
   TRL keeps its defaults where rlsys has no counterpart (vLLM importance-sampling correction, CUDA graphs).
 
 Writes into --out: steps.jsonl (per step: seconds since the process started, the step's seconds, reward mean and
@@ -174,6 +176,9 @@ def grpo_config(cfg, out: Path, steps: int, smoke: bool, vllm_memory: float):
         importance_sampling_level="sequence", loss_type="grpo", epsilon=eps_low, epsilon_high=eps_high, beta=0.0,
         num_iterations=cfg.algo.n_minibatches, scale_rewards="group",
         mask_truncated_completions=cfg.algo.mask_truncated,
+        # the policy loss on the top-entropy tokens, as rlsys's `algo.top_entropy_frac` (TRL has no entropy bonus,
+        # adaptive or fixed, to mirror `algo.entropy_target`)
+        top_entropy_quantile=cfg.algo.top_entropy_frac or 1.0,
         # LoRA: a bf16 base (peft upcasts the adapters to float32); else fp32 masters under bf16 autocast, as
         # rlsys's fp32_master
         model_init_kwargs={"dtype": torch.bfloat16 if cfg.learner.lora.enabled else torch.float32},
