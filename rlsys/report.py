@@ -6,10 +6,11 @@ variants x seeds, as docs/results.md shows them.
 Prints: steps, best and last reward, the error table's trend (mean over the first vs the last `--window` steps; the
 windows overlap on runs shorter than two windows), the policy's entropy (and KL to the reference when `algo.kl_coef`
 is set; with `algo.top_entropy_frac` the entropy is the selected tokens' mean, and every output says so), the mean
-time per phase, and the held-out evaluations: the environment's rates and the mean reward. The error table follows
-the environment's outcome order (`Environment.outcomes`). Writes `RUN_DIR/plots/`: reward.png, response_len.png,
-loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run did not log, e.g.
-logp_diff for SFT, is skipped and said so).
+time per phase, dynamic sampling's work (boards sampled, the share with signal, groups kept, the steps short of
+`rollout.batch_size` groups, with a hint when many are), and the held-out evaluations: the environment's rates and the
+mean reward. The error table follows the environment's outcome order (`Environment.outcomes`). Writes
+`RUN_DIR/plots/`: reward.png, response_len.png, loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a
+plot whose metric the run did not log, e.g. logp_diff for SFT, is skipped and said so).
 
 Reads only files (no Ray, no TensorBoard): works on a run that is still going or was copied elsewhere, also when
 its metrics.jsonl and eval.jsonl were gzipped (`.jsonl.gz`, as docs/data/ keeps them), so the commands in the docs
@@ -176,10 +177,39 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
             out.setdefault("lasts", {})[key] = values[-1]
     # the environment's per-episode scalars (e.g. rates by kind of item), first vs last window
     out["episode"] = {key.removeprefix("episode/"): _window_means(run, key, window) for key in run.keys("episode/")}
+    out["sampling"] = sampling_summary(run, window)
     out["evals"] = [{"step": e.get("step"), "tag": e.get("tag"),
                      **{k.removeprefix("eval/"): as_float(v) for k, v in e.items() if is_eval_rate(k)}}
                     for e in run.evals]
     return out
+
+
+SHORT_HINT_FRAC = 0.25  # the last window's share of steps short of `rollout.batch_size` groups that prints the hint
+
+
+def sampling_summary(run: Run, window: int) -> dict[str, Any] | None:
+    """`algo.dynamic_sampling`'s work, first vs last window: boards sampled a step, the share with signal, groups
+    kept, the steps that trained on fewer than `rollout.batch_size` groups (sampling ended at
+    `algo.max_sample_rounds` first) and those that used every round. None for a run without the filter."""
+    kept_rows = [r for r in run.rows if as_float(r.get("rollout/groups_kept")) is not None]
+    if not kept_rows:
+        return None
+    want = run.config.get("rollout", {}).get("batch_size")
+    cap = run.config.get("algo", {}).get("max_sample_rounds")
+
+    def window_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+        kept = [as_float(r["rollout/groups_kept"]) or 0.0 for r in rows]
+        rounds = [v for r in rows if (v := as_float(r.get("rollout/sample_rounds"))) is not None]
+        sampled = [v for r in rows if (v := as_float(r.get("rollout/groups_sampled"))) is not None]
+        zero = [v for r in rows if (v := as_float(r.get("rollout/zero_var_group_frac"))) is not None]
+        return {"boards_sampled": _mean(sampled), "signal_frac": None if not zero else 1.0 - _mean(zero),
+                "groups_kept": _mean(kept), "rounds": _mean(rounds),
+                "short_frac": None if not want else sum(k < want for k in kept) / len(kept),
+                "at_cap_frac": None if not (cap and rounds) else sum(n >= cap for n in rounds) / len(rounds)}
+
+    return {"batch_size": want, "max_sample_rounds": cap,
+            "max_oversample": run.config.get("algo", {}).get("max_oversample"),
+            "first": window_stats(kept_rows[:window]), "last": window_stats(kept_rows[-window:])}
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -215,6 +245,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  per episode (the environment's episode_metrics), mean first {w} -> last {w}")
         for name, (a, b) in s["episode"].items():
             lines.append(f"    {name:<36} {_fmt(a):>8}  {_fmt(b):>8}")
+    if s.get("sampling"):
+        lines.extend(_format_sampling(s["sampling"], s["window"]))
     if s["time_mean_s"]:
         step = s["time_mean_s"].get("step")
         lines.append("  time per step, mean (s)" + (f": {step:.2f} in all" if step else ""))
@@ -231,6 +263,24 @@ def format_summary(s: dict[str, Any]) -> str:
     else:
         lines.append("  held-out eval: none in this run (eval.at_end / eval.every, or `rlsys eval --ckpt RUN_DIR`)")
     return "\n".join(lines)
+
+
+def _format_sampling(d: dict[str, Any], w: int) -> list[str]:
+    first, last = d["first"], d["last"]
+    lines = [f"  dynamic sampling (algo.dynamic_sampling), mean first {w} -> last {w}"]
+    for key, label, spec in (("boards_sampled", "boards sampled a step", ".1f"),
+                             ("signal_frac", "with signal (rewards differ)", ".3f"),
+                             ("rounds", "sampling rounds", ".2f"),
+                             ("groups_kept", f"groups with signal kept (of {d['batch_size'] or '?'})", ".2f"),
+                             ("short_frac", "steps short of them", ".2f"),
+                             ("at_cap_frac", f"steps at the rounds cap ({d['max_sample_rounds'] or '?'})", ".2f")):
+        lines.append(f"    {label:<36} {_fmt(first[key], spec):>8}  {_fmt(last[key], spec):>8}")
+    if (last["short_frac"] or 0.0) >= SHORT_HINT_FRAC:
+        lines.append(f"    -> {last['short_frac']:.0%} of the last {w} steps trained on fewer groups with signal than "
+                     f"rollout.batch_size: sampling stopped at algo.max_sample_rounds = {d['max_sample_rounds']}.")
+        lines.append(f"       Raise algo.max_oversample (now {d['max_oversample']}: a round samples at most that many "
+                     "boards per group wanted) or algo.max_sample_rounds.")
+    return lines
 
 
 # --- several runs side by side ----------------------------------------------------------------------

@@ -249,3 +249,38 @@ def test_the_environments_episode_metrics_are_summed_up_first_against_last_windo
     assert "per episode (the environment's episode_metrics), mean first 10 -> last 10" in text
     assert "    win_taken                               0.196     0.804" in text
     assert "per episode" not in format_summary(summarize_run(load_run(make_run(tmp_path / "plain")), window=10))
+
+
+def test_dynamic_sampling_is_summed_up_and_a_short_batch_gets_a_hint(tmp_path):
+    """`algo.dynamic_sampling`'s counters: boards sampled, the share with signal, rounds, groups kept, and the steps
+    that trained on fewer than `rollout.batch_size` groups (the rounds cap hit first); over a quarter of the last
+    window short prints what to raise. A run without the filter has no such block."""
+    from rlsys.report import format_summary
+
+    run = make_run(tmp_path / "run")
+    (run / "config.resolved.toml").write_text('[algo]\nname = "gspo"\nmax_sample_rounds = 3\nmax_oversample = 8.0\n'
+                                              '[rollout]\nbatch_size = 4\n[model]\nckpt = "rlsys:tiny"\n')
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        late = r["step"] >= 14
+        r.update({"rollout/groups_sampled": 60.0 if late else 8.0, "rollout/zero_var_group_frac": 0.95 if late else 0.5,
+                  "rollout/sample_rounds": 3.0 if late else 1.0,
+                  "rollout/groups_kept": (3.0 if r["step"] % 2 else 4.0) if late else 4.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = summarize_run(load_run(run), window=10)["sampling"]
+    assert (s["batch_size"], s["max_sample_rounds"], s["max_oversample"]) == (4, 3, 8.0)
+    assert s["first"] == {"boards_sampled": 8.0, "signal_frac": 0.5, "groups_kept": 4.0, "rounds": 1.0,
+                          "short_frac": 0.0, "at_cap_frac": 0.0}
+    last = s["last"]
+    assert last["boards_sampled"] == 60.0 and last["signal_frac"] == pytest.approx(0.05)
+    assert (last["groups_kept"], last["short_frac"], last["at_cap_frac"]) == (3.5, 0.5, 1.0)
+    text = format_summary(summarize_run(load_run(run), window=10))
+    assert "    groups with signal kept (of 4)           4.00      3.50" in text
+    assert "-> 50% of the last 10 steps trained on fewer groups with signal than rollout.batch_size" in text
+    assert "Raise algo.max_oversample (now 8.0" in text
+    for r in rows:  # every step full: the numbers, no hint
+        r["rollout/groups_kept"] = 4.0
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "Raise algo.max_oversample" not in format_summary(summarize_run(load_run(run), window=10))
+    plain = summarize_run(load_run(make_run(tmp_path / "plain")), window=10)
+    assert plain["sampling"] is None and "dynamic sampling" not in format_summary(plain)
