@@ -190,9 +190,13 @@ SHORT_HINT_FRAC = 0.25  # the last window's share of steps short of `rollout.bat
 def sampling_summary(run: Run, window: int) -> dict[str, Any] | None:
     """`algo.dynamic_sampling`'s work, first vs last window: boards sampled a step, the share with signal, groups
     kept, the steps that trained on fewer than `rollout.batch_size` groups (sampling ended at
-    `algo.max_sample_rounds` first) and those that used every round. None for a run without the filter."""
+    `algo.max_sample_rounds` first) and those that used every round. None for a run without the filter (its
+    config says so; without a config: no step sampled twice), whose counters only say that every group was kept."""
     kept_rows = [r for r in run.rows if as_float(r.get("rollout/groups_kept")) is not None]
-    if not kept_rows:
+    algo = run.config.get("algo", {})
+    filtered = (algo["dynamic_sampling"] if "dynamic_sampling" in algo
+                else any((as_float(r.get("rollout/sample_rounds")) or 0.0) > 1 for r in kept_rows))
+    if not kept_rows or not filtered:
         return None
     want = run.config.get("rollout", {}).get("batch_size")
     cap = run.config.get("algo", {}).get("max_sample_rounds")

@@ -258,8 +258,9 @@ def test_dynamic_sampling_is_summed_up_and_a_short_batch_gets_a_hint(tmp_path):
     from rlsys.report import format_summary
 
     run = make_run(tmp_path / "run")
-    (run / "config.resolved.toml").write_text('[algo]\nname = "gspo"\nmax_sample_rounds = 3\nmax_oversample = 8.0\n'
-                                              '[rollout]\nbatch_size = 4\n[model]\nckpt = "rlsys:tiny"\n')
+    config = ('[algo]\nname = "gspo"\ndynamic_sampling = true\nmax_sample_rounds = 3\nmax_oversample = 8.0\n'
+              '[rollout]\nbatch_size = 4\n[model]\nckpt = "rlsys:tiny"\n')
+    (run / "config.resolved.toml").write_text(config)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     for r in rows:
         late = r["step"] >= 14
@@ -284,3 +285,13 @@ def test_dynamic_sampling_is_summed_up_and_a_short_batch_gets_a_hint(tmp_path):
     assert "Raise algo.max_oversample" not in format_summary(summarize_run(load_run(run), window=10))
     plain = summarize_run(load_run(make_run(tmp_path / "plain")), window=10)
     assert plain["sampling"] is None and "dynamic sampling" not in format_summary(plain)
+    # the filter off: the counters are logged all the same (every group kept), but there is nothing to sum up
+    (run / "config.resolved.toml").write_text(config.replace("dynamic_sampling = true", "dynamic_sampling = false"))
+    assert summarize_run(load_run(run), window=10)["sampling"] is None
+    # no config beside the metrics (a copied run): a step that sampled twice tells the filter was on
+    (run / "config.resolved.toml").unlink()
+    assert summarize_run(load_run(run), window=10)["sampling"]["last"]["rounds"] == 3.0
+    for r in rows:
+        r["rollout/sample_rounds"] = 1.0
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert summarize_run(load_run(run), window=10)["sampling"] is None
