@@ -309,11 +309,13 @@ def _wall_s(run: Run, step_s: list[float], evals: list[dict[str, float | None]])
 def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
     """One row per run for a table of variants x seeds: steps and steps with an update, the first/last-``window``
     means of reward, zero-variance group fraction (before dynamic sampling's filter), entropy and truncated
-    fraction, the median step time, and the held-out evaluations at the start and the end (the first and the
-    last of eval.jsonl): mean reward, every rate, and the spread of the mean reward over prompt perturbations."""
+    fraction, under dynamic sampling the groups with signal a step of the last ``window`` (`sampling_summary`), the
+    median step time, and the held-out evaluations at the start and the end (the first and the last of eval.jsonl):
+    mean reward, every rate, and the spread of the mean reward over prompt perturbations."""
     rows = []
     for run in runs:
         _, step_s = run.series("time/step")
+        sampling = sampling_summary(run, window)
         evals = [{k: as_float(v) for k, v in e.items()} for e in run.evals]
         start, end = (evals[0], evals[-1]) if evals else ({}, {})
         perturbed = [v for k, v in end.items() if k.startswith("eval/") and k.count("/") == 2
@@ -325,6 +327,7 @@ def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
             "zero_var": _window_means(run, "rollout/zero_var_group_frac", window),
             "entropy": _window_means(run, "train/entropy", window), "entropy_top_frac": entropy_top_frac(run),
             "truncated_last": _window_means(run, "rollout/truncated_frac", window)[1],
+            "groups_kept_last": None if sampling is None else sampling["last"]["groups_kept"],
             "step_s_median": sorted(step_s)[len(step_s) // 2] if step_s else None,
             "wall_s": _wall_s(run, step_s, evals),
             "eval_steps": (start.get("step"), end.get("step")),
@@ -357,7 +360,9 @@ def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] 
     last row with the mean of every number over the runs, e.g. the seeds of one variant)."""
     names = rates or list(dict.fromkeys(k for r in rows for k in r["heldout"]))
     pair = lambda ab, spec=".3f": f"{_fmt(ab[0], spec)} -> {_fmt(ab[1], spec)}"  # noqa: E731
+    sampled = any(r.get("groups_kept_last") is not None for r in rows)  # a column only where dynamic sampling ran
     header = ["run", "steps", "with an update", f"reward first -> last {window}", "zero-var first -> last",
+              *([f"groups with signal, last {window}"] if sampled else []),
               "entropy first -> last", f"cut off, last {window}", "median step s", "wall min",
               *[f"held-out {n.removesuffix('_rate')}" for n in names], "perturbed reward, end"]
     table = [header, ["---"] * len(header)]
@@ -365,6 +370,7 @@ def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] 
     def cells(r: dict[str, Any]) -> list[str]:
         spread = r["perturbed_reward"]
         return [r["run"], str(r["steps"]), str(r["updates"]), pair(r["reward"]), pair(r["zero_var"], ".2f"),
+                *([_fmt(r.get("groups_kept_last"), ".2f")] if sampled else []),
                 pair(r["entropy"]) + (f" (top {r['entropy_top_frac']:g})" if r.get("entropy_top_frac") else ""),
                 _fmt(r["truncated_last"], ".2f"), _fmt(r["step_s_median"], ".2f"),
                 _fmt(None if r["wall_s"] is None else r["wall_s"] / 60, ".1f"),
@@ -381,6 +387,7 @@ def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] 
             "updates": f"{avg([r['updates'] for r in rows]):.0f}", "reward": both(lambda r: r["reward"]),
             "zero_var": both(lambda r: r["zero_var"]), "entropy": both(lambda r: r["entropy"]),
             "truncated_last": avg([r["truncated_last"] for r in rows]),
+            "groups_kept_last": avg([r.get("groups_kept_last") for r in rows]),
             "step_s_median": avg([r["step_s_median"] for r in rows]), "wall_s": avg([r["wall_s"] for r in rows]),
             "heldout": {n: both(lambda r, n=n: r["heldout"].get(n, (None, None))) for n in names},
             "perturbed_reward": (min(s[0] for s in spreads), max(s[1] for s in spreads)) if spreads else None}))

@@ -255,7 +255,7 @@ def test_dynamic_sampling_is_summed_up_and_a_short_batch_gets_a_hint(tmp_path):
     """`algo.dynamic_sampling`'s counters: boards sampled, the share with signal, rounds, groups kept, and the steps
     that trained on fewer than `rollout.batch_size` groups (the rounds cap hit first); over a quarter of the last
     window short prints what to raise. A run without the filter has no such block."""
-    from rlsys.report import format_summary
+    from rlsys.report import compare_runs, format_comparison, format_summary
 
     run = make_run(tmp_path / "run")
     config = ('[algo]\nname = "gspo"\ndynamic_sampling = true\nmax_sample_rounds = 3\nmax_oversample = 8.0\n'
@@ -285,6 +285,16 @@ def test_dynamic_sampling_is_summed_up_and_a_short_batch_gets_a_hint(tmp_path):
     assert "Raise algo.max_oversample" not in format_summary(summarize_run(load_run(run), window=10))
     plain = summarize_run(load_run(make_run(tmp_path / "plain")), window=10)
     assert plain["sampling"] is None and "dynamic sampling" not in format_summary(plain)
+    # several runs: a column of the last window's groups with signal, "-" for a run without the filter
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "rollout/groups_kept": 3.0 if r["step"] >= 14 else 4.0})
+                                               + "\n" for r in rows))
+    table = format_comparison(compare_runs([load_run(run), load_run(tmp_path / "plain")], window=10), 10,
+                              mean=True).splitlines()
+    assert "| zero-var first -> last | groups with signal, last 10 | entropy first -> last |" in table[0]
+    assert "| 0.50 -> 0.95 | 3.00 | 0.910 -> 0.630 |" in table[2]
+    assert "| - -> - | - | 0.910 -> 0.630 |" in table[3]  # the run without the filter
+    assert "| 0.50 -> 0.95 | 3.00 |" in table[4]  # the mean row: over the runs that have a number
+    assert "groups with signal" not in format_comparison(compare_runs([load_run(tmp_path / "plain")], 10), 10)
     # the filter off: the counters are logged all the same (every group kept), but there is nothing to sum up
     (run / "config.resolved.toml").write_text(config.replace("dynamic_sampling = true", "dynamic_sampling = false"))
     assert summarize_run(load_run(run), window=10)["sampling"] is None
