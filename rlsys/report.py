@@ -280,10 +280,13 @@ def _format_sampling(d: dict[str, Any], w: int) -> list[str]:
                              ("at_cap_frac", f"steps at the rounds cap ({d['max_sample_rounds'] or '?'})", ".2f")):
         lines.append(f"    {label:<36} {_fmt(first[key], spec):>8}  {_fmt(last[key], spec):>8}")
     if (last["short_frac"] or 0.0) >= SHORT_HINT_FRAC:
-        lines.append(f"    -> {last['short_frac']:.0%} of the last {w} steps trained on fewer groups with signal than "
-                     f"rollout.batch_size: sampling stopped at algo.max_sample_rounds = {d['max_sample_rounds']}.")
-        lines.append(f"       Raise algo.max_oversample (now {d['max_oversample']}: a round samples at most that many "
-                     "boards per group wanted) or algo.max_sample_rounds.")
+        lines += [f"    -> {last['short_frac']:.0%} of the last {w} steps trained on fewer groups with signal than "
+                  f"rollout.batch_size (sampling stopped at",
+                  f"       algo.max_sample_rounds = {d['max_sample_rounds']}). Larger caps (algo.max_oversample, now "
+                  f"{d['max_oversample']}; max_sample_rounds) fill the batch with",
+                  "       longer steps, at about the same groups with signal a second; more signal needs more boards "
+                  "with it",
+                  "       (data.signal_replay, exploration) or algo.unanimous_groups."]
     return lines
 
 

@@ -278,11 +278,11 @@ def test_dynamic_sampling_is_summed_up_and_a_short_batch_gets_a_hint(tmp_path):
     text = format_summary(summarize_run(load_run(run), window=10))
     assert "    groups with signal kept (of 4)           4.00      3.50" in text
     assert "-> 50% of the last 10 steps trained on fewer groups with signal than rollout.batch_size" in text
-    assert "Raise algo.max_oversample (now 8.0" in text
+    assert "Larger caps (algo.max_oversample, now 8.0; max_sample_rounds)" in text and "algo.unanimous_groups" in text
     for r in rows:  # every step full: the numbers, no hint
         r["rollout/groups_kept"] = 4.0
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert "Raise algo.max_oversample" not in format_summary(summarize_run(load_run(run), window=10))
+    assert "Larger caps" not in format_summary(summarize_run(load_run(run), window=10))
     plain = summarize_run(load_run(make_run(tmp_path / "plain")), window=10)
     assert plain["sampling"] is None and "dynamic sampling" not in format_summary(plain)
     # several runs: a column of the last window's groups with signal, "-" for a run without the filter
