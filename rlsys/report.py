@@ -198,8 +198,7 @@ def sampling_summary(run: Run, window: int) -> dict[str, Any] | None:
                 else any((as_float(r.get("rollout/sample_rounds")) or 0.0) > 1 for r in kept_rows))
     if not kept_rows or not filtered:
         return None
-    want = run.config.get("rollout", {}).get("batch_size")
-    cap = run.config.get("algo", {}).get("max_sample_rounds")
+    want, cap = run.config.get("rollout", {}).get("batch_size"), algo.get("max_sample_rounds")
 
     def window_stats(rows: list[dict[str, Any]]) -> dict[str, float | None]:
         kept = [as_float(r["rollout/groups_kept"]) or 0.0 for r in rows]
@@ -211,8 +210,7 @@ def sampling_summary(run: Run, window: int) -> dict[str, Any] | None:
                 "short_frac": None if not want else sum(k < want for k in kept) / len(kept),
                 "at_cap_frac": None if not (cap and rounds) else sum(n >= cap for n in rounds) / len(rounds)}
 
-    return {"batch_size": want, "max_sample_rounds": cap,
-            "max_oversample": run.config.get("algo", {}).get("max_oversample"),
+    return {"batch_size": want, "max_sample_rounds": cap, "max_oversample": algo.get("max_oversample"),
             "first": window_stats(kept_rows[:window]), "last": window_stats(kept_rows[-window:])}
 
 
