@@ -18,6 +18,7 @@ import torch
 
 from rlsys.config import RolloutConfig
 from rlsys.engines import SamplingParams, make_engine
+from rlsys.errors import UserInputError
 from rlsys.proxy.sessions import SessionRecord, SessionRecorder
 from rlsys.weights.transport import make_transport
 
@@ -42,7 +43,7 @@ class EngineSettings:
     ray_executor: bool = False  # Config.vllm_ray_executor: vLLM's workers as Ray actors in the placement group
     memory: Any = None  # the learner/engine split of rollout.gpu_memory_budget_gib (rlsys.memory.BudgetSplit)
     kv_engine_bytes: int | None = None  # with rollout.kv_cache_gib and no budget: what vLLM will hold
-    lora_scale: float | None = None  # learner.lora's alpha / rank when on: pushes are adapters the engine merges
+    lora: Any = None  # learner.lora (LoraConfig) when on: pushes are adapters, merged or served as `lora.serve` says
 
 
 def resolve_engine_kind(kind: str) -> str:
@@ -70,8 +71,19 @@ def build_engine(cfg: EngineSettings, model_path: str, process_context: Any = No
                            kv_cache_bytes=None if r.kv_cache_gib is None else int(r.kv_cache_gib * 2**30),
                            tensor_parallel_size=cfg.tp_size, ray_executor=cfg.ray_executor,
                            process_context=process_context, model_runner=r.model_runner,
-                           graph_mode=r.graph_mode)
+                           graph_mode=r.graph_mode, lora_adapter=lora_adapter(cfg.lora))
+    if cfg.lora is not None and cfg.lora.serve == "adapter":
+        raise UserInputError(f"learner.lora.serve = \"adapter\" needs the vLLM engine (vLLM's LoRA layers serve "
+                             f"the adapter); rollout.engine {r.engine!r} is the transformers engine here, which merges "
+                             "it: set learner.lora.serve = \"merged\"")
     return make_engine(kind, model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed, num_threads=r.engine_threads)
+
+
+def lora_adapter(lora: Any) -> tuple[int, tuple[str, ...]] | None:
+    """The vLLM engine's (rank, target modules) when it serves the adapter itself (`learner.lora.serve`)."""
+    if lora is None or lora.serve != "adapter":
+        return None
+    return lora.rank, tuple(lora.target_modules)
 
 
 def engine_memory_fraction(cfg: EngineSettings) -> float:
@@ -171,8 +183,8 @@ class RolloutWorker:
         from rlsys.proxy.server import ProxyServer, create_app
 
         self.engine = build_engine(self.cfg, self.model_path, process_context)
-        if self.cfg.lora_scale is not None:
-            await self.engine.set_lora(self.cfg.lora_scale)
+        if self.cfg.lora is not None:
+            await self.engine.set_lora(self.cfg.lora.scale())
         self.clock = EngineClock(self.engine)
         # engine_build_s: the imports above and the engine's constructor
         self._startup = {"start_called_at": began, "engine_build_s": time.time() - began,

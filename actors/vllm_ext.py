@@ -12,7 +12,8 @@ its buffers, and slice views; object store: one H2D copy per bucket; collective:
 copied into the model. The first push goes through the model's own `load_weights` and then checks a
 `DirectCopyPlan` against what it wrote; later pushes use the plan (one fused copy) while it stays valid.
 With LoRA (`rlsys_set_lora`) a push carries only adapters, merged in place into the weights they name (q/k/v into
-row blocks of qkv_proj, gate/up of gate_up_proj) from a kept copy of the base: rlsys/lora.py `LoraMerge`.
+row blocks of qkv_proj, gate/up of gate_up_proj) from a kept copy of the base (rlsys/lora.py `LoraMerge`), or, with
+`learner.lora.serve = "adapter"`, written into the GPU slot of the adapter vLLM serves beside the base (`LoraSlots`).
 Only parameters are loaded: buffers vLLM keeps (rotary caches) are untouched, and vLLM restores them itself
 after a level-2 sleep. The worker synchronises before answering, so the learner may refill its buffers.
 """
@@ -51,11 +52,18 @@ class WorkerExtension:
         info.update(worker_ms=(time.perf_counter() - start) * 1e3, **transport.counters())
         return info
 
-    def rlsys_set_lora(self, scale: float) -> None:
-        """Pushes from now on are LoRA adapters, merged as W_base + ``scale`` B A (the base kept at the first)."""
+    def rlsys_set_lora(self, scale: float, serve: str = "merged") -> None:
+        """Pushes from now on are LoRA adapters (`learner.lora.serve`): `merged` = merged as W_base + ``scale`` B A
+        (the base kept at the first); `adapter` = written into the GPU slot of a zero adapter registered here in
+        vLLM's LoRA manager and pinned there, the one rlsys's requests name (rlsys/lora.py `LoraSlots`)."""
         from rlsys.lora import LoraMerge, VllmTargets
 
-        self._rlsys_lora = LoraMerge(scale, VllmTargets(self._rlsys_model()).resolve)
+        if serve == "adapter":
+            self._rlsys_lora = self._rlsys_adapter_slots(scale)
+        elif serve == "merged":
+            self._rlsys_lora = LoraMerge(scale, VllmTargets(self._rlsys_model()).resolve)
+        else:
+            raise ValueError(f"rlsys_set_lora: serve {serve!r} is neither merged nor adapter")
 
     def rlsys_fingerprint(self) -> dict | None:
         """{HF name: exact bit sum} of what the last push wrote (rlsys/weights/fingerprint.py): the model's weights
@@ -124,8 +132,27 @@ class WorkerExtension:
         count = lora.apply(named)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return {"count": count, "missing": [], "path": "lora_merge", "plan_refused": None,
+        return {"count": count, "missing": [], "path": lora.path, "plan_refused": None,
                 "kept_base_mib": lora.kept_bytes() / 2**20}
+
+    def _rlsys_adapter_slots(self, scale: float):
+        """A `LoraSlots` over the GPU slot of rlsys's adapter: registered once as a zero adapter of the engine's
+        `max_lora_rank` (vLLM's own warm-up path, `add_dummy_lora`), pinned, which activates it into a slot that
+        no other adapter can take; requests naming its id then find it loaded and never read its path."""
+        from vllm.lora.request import LoRARequest
+
+        from rlsys.lora import ADAPTER_ID, ADAPTER_NAME, ADAPTER_PATH, LoraSlots, VllmSlots
+
+        manager = getattr(self.model_runner, "lora_manager", None)
+        if manager is None:
+            raise RuntimeError("learner.lora.serve = adapter: this vLLM engine was built without enable_lora")
+        if ADAPTER_ID not in manager.list_adapters():
+            manager.add_dummy_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, ADAPTER_PATH),
+                                   rank=manager.lora_config.max_lora_rank)
+        manager.pin_adapter(ADAPTER_ID)
+        models = manager._adapter_manager  # vLLM's LoRAModelManager: its layers, fused-module map, slot table
+        slots = VllmSlots(models.modules, models.packed_modules_mapping, models.lora_index_to_id.index(ADAPTER_ID))
+        return LoraSlots(scale, slots.resolve, slots.signature)
 
 
 class _Counted:

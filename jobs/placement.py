@@ -86,7 +86,7 @@ def engine_settings(cfg: Config, model_path: str) -> EngineSettings:
     kv_bytes = fixed_kv_engine_bytes(cfg, model_path) if memory is None and r.kv_cache_gib is not None else None
     return EngineSettings(rollout=r, dtype=cfg.model.dtype, seed=cfg.seed, tp_size=cfg.cluster.tp_size,
                           ray_executor=cfg.vllm_ray_executor(), memory=memory, kv_engine_bytes=kv_bytes,
-                          lora_scale=cfg.learner.lora.scale() if cfg.learner.lora.enabled else None)
+                          lora=cfg.learner.lora if cfg.learner.lora.enabled else None)
 
 
 def make_env_workers(env: EnvConfig, nodes: list[str | None], name: str = "env", **options: Any) -> list[Any]:

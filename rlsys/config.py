@@ -372,6 +372,14 @@ class LoraConfig(_Section):
     """Names of the linear layers that get an adapter (the last part of the module name, as in peft): by default
     every projection of a Qwen2/Llama block. The engine keeps a copy of these layers' base weights (the memory
     estimate counts it): `["q_proj", "v_proj"]` keeps ~1/18 of a 7B model's weights (0.77 GiB), all of them 6/7."""
+    serve: Literal["merged", "adapter"] = "merged"
+    """How the engine applies a pushed adapter. `merged`: written into the engine's own weights, W = W_base +
+    (alpha / rank) B A, from a kept copy of the targets' base (rlsys/lora.py `LoraMerge`; any engine, no LoRA
+    kernels when decoding; a push rewrites every targeted weight: 29.7 ms for a 7B model with every projection
+    targeted, docs/gpu.md). `adapter`: vLLM serves the base plus the adapter through its own LoRA layers (one GPU
+    slot, rank rounded up to vLLM's next allowed `max_lora_rank`); a push copies A and scale x B into the slot
+    (`LoraSlots`): no kept copy, the base never written, but vLLM's LoRA kernels in every forward. vLLM only;
+    not yet measured on a GPU (docs/lora-vllm-serving.md)."""
     base_4bit: bool = False
     """Load the learner's frozen base in 4-bit NF4 (bitsandbytes, needs CUDA; bf16 compute): about a quarter of the
     base's memory. The engine still serves the bf16 base, so the learner's logprobs differ from the engine's by the
@@ -641,6 +649,9 @@ class Config(_Section):
         if lora.base_4bit and not lora.enabled:
             raise ValueError("learner.lora.base_4bit: quantizes the frozen base of a LoRA run; set "
                              "learner.lora.enabled = true too")
+        if lora.serve == "adapter" and lora.enabled and r.engine == "transformers":
+            raise ValueError("learner.lora.serve = \"adapter\": vLLM's LoRA layers serve the adapter; the transformers "
+                             "engine merges it (learner.lora.serve = \"merged\")")
         if self.checkpoint.resume not in ("never", "auto") and not self.checkpoint.resume:
             raise ValueError("checkpoint.resume: empty; use never, auto or a checkpoint path")
         return self

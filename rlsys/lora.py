@@ -6,13 +6,17 @@ optimizer. A push carries only them (`adapter_tensors`), named `<HF module>.lora
 (out, r): peft's `base_model.model.` prefix and adapter name are dropped, so the names say which base weight
 (`<HF module>.weight`) they update, whatever engine receives them.
 
-Engine side: `LoraMerge` writes W = W_base + (alpha / r) B A in place into the engine's own weights, from a copy of
-the base of every targeted layer that it keeps from the first push (one `addmm` per layer, no drift: the delta is
-never accumulated). The transformers engine's weights are the Hugging Face ones; vLLM's fuse q/k/v into
-`qkv_proj` and gate/up into `gate_up_proj`, and `VllmTargets` finds each layer's row block there. This needs no
-LoRA kernels in the engine, at the price of the kept copy (counted in rlsys/memory.py). vLLM's own LoRA serving
-(an adapter loaded from tensors, verl's `TensorLoRARequest`) is the alternative the issue asks to measure against;
-not built yet.
+Engine side, two ways (`learner.lora.serve`):
+- `merged`: `LoraMerge` writes W = W_base + (alpha / r) B A in place into the engine's own weights, from a copy of
+  the base of every targeted layer that it keeps from the first push (one `addmm` per layer, no drift: the delta is
+  never accumulated). The transformers engine's weights are the Hugging Face ones; vLLM's fuse q/k/v into
+  `qkv_proj` and gate/up into `gate_up_proj`, and `VllmTargets` finds each layer's row block there. This needs no
+  LoRA kernels in the engine, at the price of the kept copy (counted in rlsys/memory.py) and of rewriting every
+  targeted weight each push.
+- `adapter`: vLLM serves the base plus the adapter through its own LoRA layers (`enable_lora`, one GPU slot holding
+  a zero adapter registered once, rlsys's requests naming it); `LoraSlots` copies each pushed A and scale x B into
+  that slot's buffers (`VllmSlots` finds them). The base is never written and no copy of it is kept; every forward
+  runs vLLM's LoRA kernels. docs/lora-vllm-serving.md has what this relies on in vLLM.
 
 Checkpoints hold the adapter in peft's format (`adapter_config.json`, `adapter_model.safetensors`);
 `export_merged` (`rlsys export --merge`) writes base + adapter as one Hugging Face folder.
@@ -46,6 +50,18 @@ def split_adapter_name(name: str) -> tuple[str, str]:
         raise ValueError(f"LoRA push: {name!r} is not an adapter tensor (<module>.lora_A or <module>.lora_B); "
                          "is the learner pushing full weights to an engine set up for LoRA?")
     return module, part
+
+
+def adapter_pairs(names: tuple[str, ...]) -> list[tuple[int, int, str]]:
+    """(index of A, index of B, module) of every layer in a push's names; refuses a half pair."""
+    halves: dict[str, dict[str, int]] = {}
+    for i, name in enumerate(names):
+        module, part = split_adapter_name(name)
+        halves.setdefault(module, {})[part] = i
+    for module, parts in halves.items():
+        if len(parts) != 2:
+            raise ValueError(f"LoRA push: {module} came with {sorted(parts)} only; lora_A and lora_B travel together")
+    return [(parts["lora_A"], parts["lora_B"], module) for module, parts in halves.items()]
 
 
 # ------------------------------------------------------------------------------------------- learner side
@@ -145,6 +161,8 @@ class LoraMerge:
     storage moved.
     """
 
+    path = "lora_merge"  # the worker's report of a push names how it was applied
+
     def __init__(self, scale: float, resolve: Callable[[str], tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.scale = float(scale)
         self._resolve = resolve
@@ -163,7 +181,7 @@ class LoraMerge:
         names = tuple(n for n, _ in named)
         plan = self._plan if self._plan is not None and self._plan[0] == names else None
         if plan is None:  # pushes repeat the same names in the same order: parse them once
-            plan = self._plan = (names, self._pairs(names))
+            plan = self._plan = (names, adapter_pairs(names))
         for i_a, i_b, module in plan[1]:
             a, b = named[i_a][1], named[i_b][1]  # (r, in), (out, r)
             dst, base = self._target(module)
@@ -180,19 +198,6 @@ class LoraMerge:
 
         self.last_sums = tensor_sums(named)  # as received: the learner sends the engine's dtype
         return len(named)
-
-    @staticmethod
-    def _pairs(names: tuple[str, ...]) -> list[tuple[int, int, str]]:
-        """(index of A, index of B, module) of every layer in a push's names; refuses a half pair."""
-        halves: dict[str, dict[str, int]] = {}
-        for i, name in enumerate(names):
-            module, part = split_adapter_name(name)
-            halves.setdefault(module, {})[part] = i
-        for module, parts in halves.items():
-            if len(parts) != 2:
-                raise ValueError(f"LoRA push: {module} came with {sorted(parts)} only; lora_A and lora_B travel "
-                                 "together")
-        return [(parts["lora_A"], parts["lora_B"], module) for module, parts in halves.items()]
 
     def _target(self, module: str) -> tuple[torch.Tensor, torch.Tensor]:
         entry = self._targets.get(module)
@@ -235,6 +240,123 @@ class VllmTargets:
             i = shards.index(leaf)
             return param.data.narrow(0, sum(sizes[:i]), sizes[i]), param
         raise KeyError(f"LoRA merge: the engine has no weight {module}.weight, nor a fused layer holding it")
+
+
+ADAPTER_NAME = "rlsys"  # the adapter every request names under `learner.lora.serve = "adapter"`
+ADAPTER_ID = 1  # vLLM's int id of it (>= 1)
+# a LoRARequest needs a path; an absolute one that does not exist is never read (the adapter is registered from
+# memory first) and cannot be mistaken for a hub id
+ADAPTER_PATH = "/nonexistent/rlsys-adapter-in-memory"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.26's `max_lora_rank` choices
+
+
+def slot_rank(rank: int) -> int:
+    """vLLM's `max_lora_rank` for an adapter of ``rank``: the smallest allowed one that holds it."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise UserInputError(f"learner.lora.rank = {rank}: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}; "
+                         "lower it or use learner.lora.serve = \"merged\"")
+
+
+class LoraSlots:
+    """Engine side of a LoRA push under `learner.lora.serve = "adapter"`: each pushed A and scale x B copied into the
+    GPU slot of the adapter that vLLM serves beside the untouched base.
+
+    ``resolve(module)`` gives the slot's (A buffer, B buffer) for `<HF module>.weight`, of shapes (max rank, in)
+    and (out, max rank) (`VllmSlots`); an adapter of a lower rank fills their first r rows / columns, and the rest
+    stays zero (the registered zero adapter's). vLLM applies B A unscaled, so B is stored times the scale, as vLLM
+    does when it loads an adapter. The views are found once per set of names (pushes repeat them) and again when
+    ``signature()`` says a buffer moved; each push is then one fused copy and one fused scale.
+    """
+
+    path = "lora_slots"
+
+    def __init__(self, scale: float, resolve: Callable[[str], tuple[torch.Tensor, torch.Tensor]],
+                 signature: Callable[[], tuple[int, ...]] = tuple) -> None:
+        self.scale = float(scale)
+        self._resolve = resolve
+        self._signature = signature
+        self._plan: tuple[tuple[str, ...], tuple[int, ...], list[int], list[torch.Tensor], list[torch.Tensor]] | None
+        self._plan = None  # names, buffers' signature, source indices, destination views, the B views among them
+        self.last_sums: dict[str, int] | None = None  # bit sums of the adapters last written (a push's fingerprint)
+
+    def kept_bytes(self) -> int:
+        """No copy of the base is kept (the slot buffers are vLLM's, counted in its weights)."""
+        return 0
+
+    @torch.no_grad()
+    def apply(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Write every (A, B) pair of ``named`` into its slot; returns the number of adapter tensors consumed."""
+        named = list(named)
+        names = tuple(n for n, _ in named)
+        signature = tuple(self._signature())
+        if self._plan is None or self._plan[0] != names or self._plan[1] != signature:
+            self._plan = (names, signature, *self._views(named))
+        _, _, index, dsts, b_dsts = self._plan
+        srcs = [named[i][1] for i in index]
+        if any(s.dtype != d.dtype or s.device != d.device for s, d in zip(srcs, dsts)):  # the learner sends the
+            srcs = [s.to(d.device, d.dtype) for s, d in zip(srcs, dsts)]  # engine's dtype: normally no cast
+        torch._foreach_copy_(dsts, srcs)
+        if self.scale != 1.0:
+            torch._foreach_mul_(b_dsts, self.scale)
+        from rlsys.weights.fingerprint import tensor_sums  # noqa: PLC0415
+
+        self.last_sums = tensor_sums(named)  # as received, as LoraMerge
+        return len(named)
+
+    def _views(self, named: list[tuple[str, torch.Tensor]]) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
+        index: list[int] = []
+        dsts: list[torch.Tensor] = []
+        b_dsts: list[torch.Tensor] = []
+        for i_a, i_b, module in adapter_pairs(tuple(n for n, _ in named)):
+            a, b = named[i_a][1], named[i_b][1]  # (r, in), (out, r)
+            a_slot, b_slot = self._resolve(module)  # (R, in), (out, R)
+            r = a.shape[0] if a.dim() == 2 else -1
+            if (a.dim() != 2 or b.dim() != 2 or b.shape[1] != r or a.shape[1] != a_slot.shape[1]
+                    or b.shape[0] != b_slot.shape[0] or r > a_slot.shape[0]):
+                raise ValueError(f"LoRA push: {module}: B {tuple(b.shape)} A {tuple(a.shape)} do not fit the engine's "
+                                 f"adapter slot (A {tuple(a_slot.shape)}, B {tuple(b_slot.shape)}: out x in at most "
+                                 f"rank {a_slot.shape[0]})")
+            index += [i_a, i_b]
+            dsts += [a_slot[:r], b_slot[:, :r]]
+            b_dsts.append(dsts[-1])
+        return index, dsts, b_dsts
+
+
+class VllmSlots:
+    """`LoraSlots`' resolver over vLLM's LoRA layers (tensor parallel size 1). ``layers``: vLLM module name
+    (`model.layers.0.self_attn.qkv_proj`) -> its LoRA layer, whose `lora_a_stacked[s]` is (slots, 1, max rank, in)
+    and `lora_b_stacked[s]` (slots, 1, out_s, max rank) for each slice s of a fused layer (vLLM's
+    `LoRAModelManager.modules`); ``packed``: the model's `packed_modules_mapping` (qkv_proj -> [q_proj, k_proj,
+    v_proj], the slices' order); ``slot``: the GPU slot the adapter was activated in."""
+
+    def __init__(self, layers: dict[str, Any], packed: dict[str, list[str]], slot: int) -> None:
+        self.layers = layers
+        self.packed = packed
+        self.slot = slot
+
+    def resolve(self, module: str) -> tuple[torch.Tensor, torch.Tensor]:
+        layer, part = self.layers.get(module), 0
+        if layer is None:
+            prefix, _, leaf = module.rpartition(".")
+            for fused, shards in self.packed.items():
+                found = self.layers.get(f"{prefix}.{fused}" if prefix else fused)
+                if leaf in shards and found is not None:
+                    layer, part = found, shards.index(leaf)
+                    break
+        if layer is None:
+            raise KeyError(f"LoRA slots: vLLM has no LoRA layer for {module} (not among the engine's LoRA target "
+                           "modules?)")
+        a_stacked, b_stacked = layer.lora_a_stacked, layer.lora_b_stacked
+        if part >= len(a_stacked):
+            raise KeyError(f"LoRA slots: {module} is slice {part} of a layer with {len(a_stacked)}")
+        return a_stacked[part][self.slot, 0], b_stacked[part][self.slot, 0]
+
+    def signature(self) -> tuple[int, ...]:
+        """Where every slot buffer lives (`LoraSlots` finds its views again when this changes)."""
+        return tuple(t.data_ptr() for layer in self.layers.values()
+                     for t in (*layer.lora_a_stacked, *layer.lora_b_stacked))
 
 
 # ------------------------------------------------------------------------------------------------- export

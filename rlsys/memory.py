@@ -195,6 +195,7 @@ class JobShape:
     lora_targets: tuple[str, ...] = ()  # learner.lora.target_modules
     lora_base_4bit: bool = False  # learner.lora.base_4bit
     lora_dropout: bool = False  # learner.lora.dropout > 0: a dropout mask per targeted layer's input
+    lora_serve: str = "merged"  # learner.lora.serve: `adapter` = vLLM's LoRA slot instead of the kept base copy
     prefix_sharing: bool = True  # learner.prefix_sharing (whether it applies: `shares_prefixes`)
     prompt_tokens: int | None = None  # the prompts' length when known: the part of seq_len a group shares
     n_samples: int = 1  # rows of a group (rollout.n_samples): the rows that share one prompt
@@ -251,6 +252,7 @@ class JobShape:
                    lora_rank=lora.rank if lora_on else 0, lora_targets=tuple(lora.target_modules) if lora_on else (),
                    lora_base_4bit=bool(lora_on and lora.base_4bit),
                    lora_dropout=bool(lora_on and getattr(lora, "dropout", 0.0) > 0),
+                   lora_serve=str(getattr(lora, "serve", "merged")) if lora_on else "merged",
                    prefix_sharing=bool(getattr(cfg.learner, "prefix_sharing", False)) and not sft,
                    prompt_tokens=prompt_tokens, n_samples=1 if sft else r.n_samples, sft=sft)
 
@@ -478,6 +480,8 @@ def estimate(model: ModelShape, job: JobShape, budget_gib: float | None = None) 
 
 
 LORA_KEPT = "kept LoRA base copy"  # the engine part allocated beside vLLM's pool (BudgetSplit.engine_outside_bytes)
+LORA_SLOT = "LoRA adapter slot"  # learner.lora.serve = adapter: vLLM's A and B buffers of one adapter
+VLLM_FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # one vLLM layer each, LoRA-wrapped whole
 NF4_BYTES_PER_PARAM = 0.5 + 4 / 64 / 4 + 4 / 256 / 64  # 4 bits + double-quantized absmax (8-bit per 64, fp32 per 256)
 
 
@@ -499,7 +503,7 @@ def _engine_parts(model: ModelShape, job: JobShape) -> dict[str, int]:
 def _lora_estimate(model: ModelShape, job: JobShape, micro: MicroBatch, activations: int, logits: int,
                    budget_gib: float | None) -> Estimate:
     """`estimate` with `learner.lora`: a frozen base (optionally 4-bit), float32 adapters, the engine's kept copy
-    (the activations, peft's included, come from `_token_layer_bytes`)."""
+    or, when vLLM serves the adapter, its slot (the activations, peft's included, come from `_token_layer_bytes`)."""
     p, d = model.num_params(), job.dtype_bytes
     adapters = model.lora_params(job.lora_rank, job.lora_targets)
     shapes = model.linear_shapes()
@@ -521,7 +525,13 @@ def _lora_estimate(model: ModelShape, job: JobShape, micro: MicroBatch, activati
         "CUDA context": CONTEXT_BYTES,
     }
     engine = _engine_parts(model, job)
-    engine[LORA_KEPT] = model.target_params(tuple(targets)) * d  # rlsys/lora.py LoraMerge
+    if job.lora_serve == "adapter":  # vLLM's slot buffers (in its weights' pool): every slice of a wrapped fused layer
+        from rlsys.lora import slot_rank  # noqa: PLC0415
+
+        served = tuple(t for t in shapes if t in targets or any(t in g and set(g) & set(targets) for g in VLLM_FUSED))
+        engine[LORA_SLOT] = model.lora_params(slot_rank(job.lora_rank), served) * d
+    else:
+        engine[LORA_KEPT] = model.target_params(tuple(targets)) * d  # rlsys/lora.py LoraMerge
     budget = None if budget_gib is None else int(budget_gib * GIB)
     return Estimate(model=model, job=job, learner=learner, engine=engine, budget_bytes=budget, micro=micro)
 

@@ -1,13 +1,16 @@
 """LoRA adapter push time on one GPU (issue 27, item 3: an r=16 adapter push of the 7B model in <= 5 ms).
 
 A vLLM engine serving a random Qwen2.5-shaped model (`jobs.bench` builds it once: qwen7b-random, qwen14b-random, ...)
-with LoRA merging on (`VLLMEngine.set_lora`), and the real learner (`actors.learner.Learner`, bf16 base, peft
+with LoRA on (`VLLMEngine.set_lora`: merged into the weights, or with `--serve adapter` served by vLLM's LoRA layers
+from one slot), and the real learner (`actors.learner.Learner`, bf16 base, peft
 adapters) in this process; each push perturbs every adapter (a stand-in for an optimizer step), then times
 export (pack into the reused buckets + CUDA IPC handles), the engine's load (one RPC; the worker rebuilds the views
-and merges W = W_base + (alpha/r) B A into every targeted layer) and the worker's share. The canary's mean |logprob
+and merges W = W_base + (alpha/r) B A into every targeted layer, or copies A and scale x B into the slot) and the
+worker's share. The canary's mean |logprob
 difference| after the last push checks that the merged weights are the learner's. Prints a summary; `--out` JSON.
 
-    python scripts/lora_push_bench.py --model qwen7b-random --rank 16 [--targets q_proj,v_proj] [--out lora7b.json]
+    python scripts/lora_push_bench.py --model qwen7b-random --rank 16 [--targets q_proj,v_proj] [--serve adapter]
+        [--out lora7b.json]
 """
 from __future__ import annotations
 
@@ -39,10 +42,12 @@ async def bench(args: argparse.Namespace) -> dict:
     targets = json.dumps(args.targets.split(",")) if args.targets else None
     cfg = load_config(flags={"--ckpt": path}, overrides=[
         "learner.lora.enabled=true", f"learner.lora.rank={args.rank}", f"learner.lora.alpha={2 * args.rank}",
-        *([f"learner.lora.target_modules={targets}"] if targets else [])])
+        *([f"learner.lora.target_modules={targets}"] if targets else []), f"learner.lora.serve={args.serve}"])
+    lora = cfg.learner.lora
     engine = VLLMEngine(path, max_batch_size=32, seed=0, dtype="bfloat16",
                         gpu_memory_utilization=memory_fraction(args.budget_gib, device_total_bytes()),
-                        max_model_len=1024, enforce_eager=True)
+                        max_model_len=1024, enforce_eager=True,
+                        lora_adapter=(lora.rank, tuple(lora.target_modules)) if lora.serve == "adapter" else None)
     await engine.set_lora(cfg.learner.lora.scale())
     learner = Learner(learner_settings(cfg, path), path)
     learner.open_transports([CudaIpcTransport()], args.bucket_mb << 20)
@@ -72,7 +77,8 @@ async def bench(args: argparse.Namespace) -> dict:
     kept = engine.last_load.get("kept_base_mib")
     await engine.shutdown()
     steady = {k: statistics.median(r[k] for r in rows[1:]) for k in rows[0]}
-    return {"model": args.model, "rank": args.rank, "targets": cfg.learner.lora.target_modules,
+    return {"model": args.model, "rank": args.rank, "targets": cfg.learner.lora.target_modules, "serve": args.serve,
+            "path": engine.last_load.get("path"),
             "adapter_tensors": len(adapters), "adapter_mib": nbytes / 2**20, "kept_base_mib": kept,
             "first_push": rows[0], "steady_median": steady, "canary_diff": canary, "pushes": rows,
             "peak_allocated_gib_this_process": torch.cuda.max_memory_allocated() / 2**30}
@@ -83,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="qwen7b-random", help="a jobs.bench model name (tiny, qwen7b-random, ...)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--targets", help="comma-separated target modules (default: learner.lora's, all projections)")
+    parser.add_argument("--serve", choices=("merged", "adapter"), default="merged", help="learner.lora.serve")
     parser.add_argument("--pushes", type=int, default=20, help="timed pushes after the first")
     parser.add_argument("--bucket-mb", type=int, default=512)
     parser.add_argument("--budget-gib", type=float, default=40.0, help="vLLM's GPU memory share")
@@ -94,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # this process holds CUDA (the learner)
     result = asyncio.run(bench(args))
     s = result["steady_median"]
-    print(f"LoRA r={result['rank']} on {','.join(result['targets'])} of {result['model']}: "
+    print(f"LoRA r={result['rank']} on {','.join(result['targets'])} of {result['model']}, {result['path']}: "
           f"{result['adapter_tensors']} tensors, {result['adapter_mib']:.1f} MiB; "
           f"kept base {result['kept_base_mib']} MiB")
     print(f"push median: total {s['total_ms']:.2f} ms = export {s['export_ms']:.2f} + load {s['load_ms']:.2f} "

@@ -36,7 +36,7 @@ import multiprocessing.forkserver
 import os
 import pickle
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +325,15 @@ def _eos_ids(model_path: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def lora_engine_args(rank: int, targets: Sequence[str]) -> dict[str, Any]:
+    """vLLM's engine arguments for serving one adapter of ``rank`` on the modules ``targets`` (Hugging Face names:
+    vLLM wraps the fused layer holding them, e.g. qkv_proj for q_proj) beside the base (`learner.lora.serve`)."""
+    from rlsys.lora import slot_rank  # noqa: PLC0415
+
+    return {"enable_lora": True, "max_loras": 1, "max_cpu_loras": 1, "max_lora_rank": slot_rank(rank),
+            "lora_target_modules": list(targets)}
+
+
 class VLLMEngine(Engine):
     """`Engine` over vLLM's `AsyncLLM`. Build it inside the event loop that will call it."""
 
@@ -347,6 +356,7 @@ class VLLMEngine(Engine):
         process_context: multiprocessing.context.BaseContext | None = None,
         model_runner: str = "auto",
         graph_mode: str = "compile",
+        lora_adapter: tuple[int, Sequence[str]] | None = None,
     ) -> None:
         """``ray_executor``: vLLM's workers as Ray actors (`distributed_executor_backend="ray"`), in the placement
         group of the Ray actor building this engine, on the bundles of `VLLM_RAY_BUNDLE_INDICES` with
@@ -354,7 +364,9 @@ class VLLMEngine(Engine):
         ``process_context``: where the engine-core process comes from (`start_engine_core_server`; None: spawned
         or forked as vLLM decides). ``model_runner``: `v1`, `v2` or `auto` (vLLM's choice), set in this process's
         environment before vLLM reads it, so that its engine-core process and Ray workers inherit it.
-        ``graph_mode``: `rollout.graph_mode` (`compilation_config`)."""
+        ``graph_mode``: `rollout.graph_mode` (`compilation_config`). ``lora_adapter``: (rank, target modules) of
+        `learner.lora` with `serve = "adapter"`: vLLM's LoRA layers on those modules, one GPU slot, and every
+        request names rlsys's adapter (registered by `set_lora`; rlsys/lora.py `LoraSlots`)."""
         set_model_runner(model_runner)
         set_compile_caches()
         compilation = compilation_config(enforce_eager=enforce_eager, graph_mode=graph_mode,
@@ -384,6 +396,7 @@ class VLLMEngine(Engine):
             tensor_parallel_size=tensor_parallel_size,
             distributed_executor_backend="ray" if ray_executor else None,
             **({} if compilation is None else {"compilation_config": compilation}),
+            **({} if lora_adapter is None else lora_engine_args(*lora_adapter)),
         )
         with engine_core_from(process_context):
             llm = AsyncLLM.from_engine_args(args)
@@ -394,6 +407,12 @@ class VLLMEngine(Engine):
             eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None else _eos_ids(model_path),
             seed=seed, sleep_mode=enable_sleep_mode,
         )
+        if lora_adapter is not None:
+            from vllm.lora.request import LoRARequest  # noqa: PLC0415
+
+            from rlsys.lora import ADAPTER_ID, ADAPTER_NAME, ADAPTER_PATH  # noqa: PLC0415
+
+            self._lora_request = LoRARequest(ADAPTER_NAME, ADAPTER_ID, ADAPTER_PATH)
 
     @classmethod
     def around(cls, llm: Any, *, max_model_len: int, vocab_size: int, eos_token_ids: Iterable[int] = (),
@@ -420,6 +439,8 @@ class VLLMEngine(Engine):
         self._weights_dropped = False
         self._missing_after_push: list[str] = []
         self._closed = False
+        self._lora_request: Any = None  # the adapter every request names (`lora_adapter`), once registered
+        self._lora_serving = False  # set_lora done with vLLM's LoRA layers: requests carry `_lora_request`
 
     # ------------------------------------------------------------------ generation
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateOutput:
@@ -470,7 +491,8 @@ class VLLMEngine(Engine):
     async def _run(self, prompt: list[int], sampling: Any) -> Any:
         final = None
         request_id = f"rlsys-{self._id_prefix}-{next(self._ids)}"
-        async for out in self.llm.generate({"prompt_token_ids": prompt}, sampling, request_id):
+        lora = self._lora_request if self._lora_serving else None
+        async for out in self.llm.generate({"prompt_token_ids": prompt}, sampling, request_id, lora_request=lora):
             final = out
         if final is None:
             raise RuntimeError(f"vLLM request {request_id} ended without output")
@@ -514,10 +536,15 @@ class VLLMEngine(Engine):
         return counts[0]
 
     async def set_lora(self, scale: float) -> None:
-        """Pushes from now on carry LoRA adapters, which the workers merge into their weights in place
-        (actors/vllm_ext.py `rlsys_set_lora`)."""
+        """Pushes from now on carry LoRA adapters (actors/vllm_ext.py `rlsys_set_lora`): built with
+        ``lora_adapter``, the workers register a zero adapter in vLLM's LoRA slot, every request from now on names
+        it, and pushes write into that slot; otherwise the workers merge pushes into their weights in place."""
         self._check_open()
-        await self.llm.collective_rpc("rlsys_set_lora", args=(float(scale),))
+        serve = "merged" if self._lora_request is None else "adapter"
+        await self.llm.collective_rpc("rlsys_set_lora", args=(float(scale), serve))
+        self._lora_serving = serve == "adapter"
+        if self._lora_serving:  # cached prefixes were computed without the adapter (the key is its name)
+            await self.llm.reset_prefix_cache()
 
     async def weights_fingerprint(self) -> dict[str, int] | None:
         """The bit sums of what the last push wrote, by HF name (actors/vllm_ext.py `rlsys_fingerprint`: the

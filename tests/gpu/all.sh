@@ -59,10 +59,11 @@ torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__versio
   tests job-awake-fp32 tests/gpu/test_vllm_job.py -k "awake or fp32master or overlap"
   tests job-faults tests/gpu/test_vllm_job.py -k "push_fails"
   tests lora tests/gpu/test_lora_gpu.py tests/gpu/test_learner_attention.py  # learner.lora: adapter pushes merged into vLLM, 4-bit base, the job; cudnn_attention
+  tests lora-adapter tests/gpu/test_lora_adapter_gpu.py  # learner.lora.serve = adapter: vLLM's LoRA slot, the job
   wait
   {
     echo; echo "## Tests ($((SECONDS - t0)) s, side by side)"; echo; echo '```'
-    for f in "$W"/engine-ipc-ray.log "$W"/job-*.log "$W"/lora.log; do
+    for f in "$W"/engine-ipc-ray.log "$W"/job-*.log "$W"/lora*.log; do
       echo "$(basename "$f" .log): $(grep -E '(passed|failed|error)' "$f" | tail -1) $(tail -1 "$f")"
     done
     grep -h -E "^(FAILED|ERROR) " "$W"/*.log | head -20

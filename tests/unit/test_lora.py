@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlsys.config import ConfigError, load_config
-from rlsys.lora import LoraMerge, VllmTargets, split_adapter_name
+from rlsys.lora import LoraMerge, LoraSlots, VllmSlots, VllmTargets, slot_rank, split_adapter_name
 
 LORA = ["learner.lora.enabled=true", "learner.lora.rank=4", "learner.lora.alpha=8"]
 
@@ -123,6 +123,172 @@ def test_vllm_merge_refuses_a_fused_layer_whose_shards_do_not_fill_it():
     with pytest.raises(NotImplementedError, match="tensor parallel"):
         LoraMerge(1.0, VllmTargets(model).resolve).apply(
             [("attn.q_proj.lora_A", torch.zeros(2, 8)), ("attn.q_proj.lora_B", torch.zeros(8, 2))])
+
+
+# ------------------------------------------------------------------------ engine-side slots (serve = adapter)
+class _LoraLayer:
+    """vLLM's LoRA layer buffers (vllm/lora/layers/base_linear.py `create_lora_weights`): per slice s,
+    `lora_a_stacked[s]` (slots, 1, max rank, in) and `lora_b_stacked[s]` (slots, 1, out_s, max rank), zeros."""
+
+    def __init__(self, outs: list[int], cols: int, max_rank: int = 4, slots: int = 2) -> None:
+        self.lora_a_stacked = tuple(torch.zeros(slots, 1, max_rank, cols) for _ in outs)
+        self.lora_b_stacked = tuple(torch.zeros(slots, 1, out, max_rank) for out in outs)
+
+    def delta(self, x: torch.Tensor, slot: int) -> torch.Tensor:
+        """What vLLM's LoRA kernels add to the base layer's output for a token of slot ``slot``: x A^T B^T per
+        slice, the slices' outputs side by side (B already holds the scale)."""
+        return torch.cat([x @ a[slot, 0].T @ b[slot, 0].T for a, b in zip(self.lora_a_stacked, self.lora_b_stacked)],
+                         dim=-1)
+
+
+def _vllm_lora_layers() -> dict[str, _LoraLayer]:
+    return {"attn.qkv_proj": _LoraLayer([8, 2, 2], 8), "attn.o_proj": _LoraLayer([8], 8),
+            "mlp.gate_up_proj": _LoraLayer([6, 6], 8)}
+
+
+def test_slots_serve_what_the_merge_would_write_and_leave_other_slices_and_slots_zero():
+    """The adapter written into the slot (A, scale x B; vLLM applies B A unscaled) adds to a layer's output exactly
+    the merge's scale B A: the layouts agree slice by slice, and what the push does not name stays zero."""
+    torch.manual_seed(0)
+    layers = _vllm_lora_layers()
+    slots = VllmSlots(layers, _VllmLike.packed_modules_mapping, slot=1)
+    lora = LoraSlots(2.0, slots.resolve, slots.signature)
+    a_v, b_v = torch.randn(3, 8), torch.randn(2, 3)  # rank 3 in slots of max rank 4
+    a_up, b_up = torch.randn(3, 8), torch.randn(6, 3)
+    a_o, b_o = torch.randn(3, 8), torch.randn(8, 3)
+    named = [("attn.v_proj.lora_A", a_v), ("attn.v_proj.lora_B", b_v), ("mlp.up_proj.lora_A", a_up),
+             ("mlp.up_proj.lora_B", b_up), ("attn.o_proj.lora_A", a_o), ("attn.o_proj.lora_B", b_o)]
+    assert lora.apply(named) == 6 and lora.kept_bytes() == 0
+    x = torch.randn(5, 8)
+    qkv = layers["attn.qkv_proj"].delta(x, 1)
+    assert torch.equal(qkv[:, :10], torch.zeros(5, 10)), "q and k slices must stay zero"
+    torch.testing.assert_close(qkv[:, 10:], x @ (2.0 * b_v @ a_v).T)
+    gate_up = layers["mlp.gate_up_proj"].delta(x, 1)
+    assert torch.equal(gate_up[:, :6], torch.zeros(5, 6))
+    torch.testing.assert_close(gate_up[:, 6:], x @ (2.0 * b_up @ a_up).T)
+    torch.testing.assert_close(layers["attn.o_proj"].delta(x, 1), x @ (2.0 * b_o @ a_o).T)
+    for layer in layers.values():  # slot 0 (another adapter's) untouched
+        assert not any(t[0].any() for t in (*layer.lora_a_stacked, *layer.lora_b_stacked))
+        assert not any(a[1, 0, 3:].any() for a in layer.lora_a_stacked), "rows past the rank must stay zero"
+    a2, b2 = torch.randn(3, 8), torch.randn(8, 3)
+    lora.apply([("attn.o_proj.lora_A", a2), ("attn.o_proj.lora_B", b2)])  # a new push replaces, never adds
+    torch.testing.assert_close(layers["attn.o_proj"].delta(x, 1), x @ (2.0 * b2 @ a2).T)
+
+
+def test_slots_refuse_a_half_adapter_a_rank_over_the_slot_a_wrong_shape_and_an_unknown_layer():
+    slots = VllmSlots(_vllm_lora_layers(), _VllmLike.packed_modules_mapping, slot=0)
+    lora = LoraSlots(1.0, slots.resolve, slots.signature)
+    with pytest.raises(ValueError, match="lora_A and lora_B travel together"):
+        lora.apply([("attn.o_proj.lora_A", torch.zeros(2, 8))])
+    with pytest.raises(ValueError, match="do not fit the engine's adapter slot"):  # rank 5 > max rank 4
+        lora.apply([("attn.o_proj.lora_A", torch.zeros(5, 8)), ("attn.o_proj.lora_B", torch.zeros(8, 5))])
+    with pytest.raises(ValueError, match="do not fit"):  # k_proj's slice has 2 rows, not 8
+        lora.apply([("attn.k_proj.lora_A", torch.zeros(2, 8)), ("attn.k_proj.lora_B", torch.zeros(8, 2))])
+    with pytest.raises(KeyError, match="no LoRA layer for attn.down_proj"):
+        lora.apply([("attn.down_proj.lora_A", torch.zeros(2, 8)), ("attn.down_proj.lora_B", torch.zeros(8, 2))])
+
+
+def test_slots_find_their_views_again_when_a_buffer_moves():
+    layers = _vllm_lora_layers()
+    slots = VllmSlots(layers, _VllmLike.packed_modules_mapping, slot=0)
+    lora = LoraSlots(1.0, slots.resolve, slots.signature)
+    named = [("attn.o_proj.lora_A", torch.ones(2, 8)), ("attn.o_proj.lora_B", torch.ones(8, 2))]
+    lora.apply(named)
+    moved = _LoraLayer([8], 8)
+    layers["attn.o_proj"].lora_a_stacked, layers["attn.o_proj"].lora_b_stacked = moved.lora_a_stacked, moved.lora_b_stacked
+    lora.apply(named)
+    assert moved.lora_a_stacked[0][0, 0, :2].eq(1).all() and moved.lora_b_stacked[0][0, 0, :, :2].eq(1).all()
+
+
+def test_slot_rank_rounds_up_to_vllms_allowed_ranks():
+    from rlsys.errors import UserInputError
+
+    assert [slot_rank(r) for r in (1, 2, 8, 16, 17, 64, 300)] == [1, 8, 8, 16, 32, 64, 320]
+    with pytest.raises(UserInputError, match="up to rank 512"):
+        slot_rank(513)
+
+
+def test_adapter_serving_is_refused_on_the_transformers_engine():
+    from actors.rollout import EngineSettings, build_engine
+    from rlsys.errors import UserInputError
+
+    with pytest.raises(ConfigError, match="transformers engine merges"):
+        load_config(overrides=[*LORA, "learner.lora.serve=adapter", "rollout.engine=transformers"])
+    cfg = load_config(overrides=[*LORA, "learner.lora.serve=adapter"])  # engine auto: transformers without a GPU
+    settings = EngineSettings(rollout=cfg.rollout, lora=cfg.learner.lora)
+    with pytest.raises(UserInputError, match="needs the vLLM engine"):
+        build_engine(settings, "unused-model-path")
+
+
+def test_vllm_engine_serving_the_adapter_names_it_in_every_request_after_set_lora(monkeypatch):
+    """`VLLMEngine` over a stand-in AsyncLLM (and vLLM's two sampling classes stubbed: no vLLM on CPU): built with
+    `lora_adapter`, `set_lora` asks the workers for the slot path, drops the prefix cache, and from then on every
+    request carries rlsys's adapter."""
+    import asyncio
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    vllm, sampling_params = ModuleType("vllm"), ModuleType("vllm.sampling_params")
+    vllm.SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)
+    sampling_params.RequestOutputKind = SimpleNamespace(FINAL_ONLY="final_only")
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling_params)
+
+    from rlsys.engines.base import SamplingParams
+    from rlsys.engines.vllm_engine import VLLMEngine, lora_engine_args
+
+    assert lora_engine_args(12, ["q_proj", "v_proj"]) == {
+        "enable_lora": True, "max_loras": 1, "max_cpu_loras": 1, "max_lora_rank": 16,
+        "lora_target_modules": ["q_proj", "v_proj"]}
+
+    class LLM:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        async def collective_rpc(self, method, args=()):
+            self.calls.append((method, args))
+            return [None]
+
+        async def reset_prefix_cache(self):
+            self.calls.append(("reset_prefix_cache",))
+
+        async def generate(self, prompt, sampling, request_id, lora_request=None):
+            self.calls.append(("generate", lora_request))
+            out = SimpleNamespace(token_ids=[5], logprobs=[{5: SimpleNamespace(logprob=-0.5)}], finish_reason="length")
+            yield SimpleNamespace(outputs=[out])
+
+    llm = LLM()
+    engine = VLLMEngine.around(llm, max_model_len=64, vocab_size=16)
+    adapter = object()
+    engine._lora_request = adapter  # what the constructor sets with lora_adapter (vLLM's LoRARequest)
+    params = SamplingParams(max_new_tokens=1)
+
+    async def run():
+        await engine.generate([1, 2], params)
+        await engine.set_lora(2.0)
+        await engine.generate([1, 2], params)
+
+    asyncio.run(run())
+    assert llm.calls == [("generate", None), ("rlsys_set_lora", (2.0, "adapter")), ("reset_prefix_cache",),
+                         ("generate", adapter)]
+
+
+def test_the_memory_estimate_counts_the_slot_instead_of_the_kept_base_copy_when_vllm_serves_the_adapter(tmp_path):
+    from rlsys.memory import LORA_KEPT, LORA_SLOT, ModelShape, job_estimate
+
+    config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
+              "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+              "tie_word_embeddings": True, "max_position_embeddings": 32768}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    targets = 'learner.lora.target_modules=["q_proj","v_proj"]'
+    merged = job_estimate(load_config(overrides=[*LORA, targets]), str(tmp_path))
+    served = job_estimate(load_config(overrides=[*LORA, targets, "learner.lora.serve=adapter"]), str(tmp_path))
+    model = ModelShape.from_config(config)
+    assert merged.engine[LORA_KEPT] == model.target_params(("q_proj", "v_proj")) * 2 and LORA_SLOT not in merged.engine
+    assert LORA_KEPT not in served.engine
+    # q and v are slices of qkv_proj: vLLM wraps the whole layer, k's slice too, at its max rank (4 -> 8)
+    assert served.engine[LORA_SLOT] == model.lora_params(8, ("q_proj", "k_proj", "v_proj")) * 2
+    assert served.learner == merged.learner
 
 
 # ------------------------------------------------------------------------------------ learner side
