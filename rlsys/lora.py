@@ -243,7 +243,7 @@ class VllmTargets:
 
 
 ADAPTER_NAME = "rlsys"  # the adapter every request names under `learner.lora.serve = "adapter"`
-ADAPTER_ID = 1  # vLLM's int id of it (>= 1)
+ADAPTER_ID = 1000  # vLLM's int id of it: not 1..max_loras, which vLLM's warm-up registers and then removes
 # a LoRARequest needs a path; an absolute one that does not exist is never read (the adapter is registered from
 # memory first) and cannot be mistaken for a hub id
 ADAPTER_PATH = "/nonexistent/rlsys-adapter-in-memory"
