@@ -7,13 +7,12 @@ time on the tiny model, the base weights' bit equality after pushes.
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
-from tests.gpu.conftest import learner_on_gpu, measure, requires_gpu
-from tests.gpu.test_lora_gpu import LORA
+from tests.gpu.conftest import measure, requires_gpu
+from tests.gpu.test_lora_gpu import (  # noqa: F401 (fixtures, built on this module's lora_cfg)
+    LORA, engine, later_pushes_do_not_accumulate, learner, sleep_wake_keeps_the_adapter_and_a_skipped_push_shows, tol)
 from tests.gpu.test_vllm_engine import canary, canary_diff, loop, push, sft_steps, vllm_view_of  # noqa: F401
 from tests.gpu.test_vllm_job import gpu_job_config, ray_gpu  # noqa: F401 (fixture)
 
@@ -23,45 +22,11 @@ ADAPTER = [*LORA, "learner.lora.serve=adapter"]
 
 
 @pytest.fixture(scope="module")
-def adapter_cfg(gpu_tiny_path):
+def lora_cfg(gpu_tiny_path):
+    """The config the imported fixtures (engine, learner, tol) build from: test_lora_gpu.py's, served by vLLM."""
     from rlsys.config import load_config
 
     return load_config(flags={"--ckpt": gpu_tiny_path, "--lr": "1e-2"}, overrides=ADAPTER)
-
-
-@pytest.fixture(scope="module")
-def engine(loop, gpu_tiny_path, adapter_cfg):
-    import os
-
-    from actors.rollout import lora_adapter
-    from rlsys.engines.vllm_engine import VLLMEngine, device_total_bytes, memory_fraction
-
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # this process uses CUDA too (the learner)
-
-    async def build():
-        eng = VLLMEngine(gpu_tiny_path, max_batch_size=32, seed=0, dtype="bfloat16",
-                         gpu_memory_utilization=memory_fraction(6.0, device_total_bytes()),
-                         kv_cache_bytes=1 << 30, max_model_len=1024, enforce_eager=True,
-                         lora_adapter=lora_adapter(adapter_cfg.learner.lora))
-        await eng.set_lora(adapter_cfg.learner.lora.scale())
-        return eng
-
-    eng = loop.run_until_complete(build())
-    yield eng
-    loop.run_until_complete(eng.shutdown())
-
-
-@pytest.fixture(scope="module")
-def learner(gpu_tiny_path, adapter_cfg):
-    with learner_on_gpu(adapter_cfg, gpu_tiny_path) as lrn:
-        yield lrn
-
-
-@pytest.fixture(scope="module")
-def tol(adapter_cfg):
-    from jobs.placement import canary_tolerance
-
-    return canary_tolerance(adapter_cfg.model, adapter_cfg.learner, gpu=True)
 
 
 def base_weights_unchanged(loop, engine, model_path: str) -> int:
@@ -103,32 +68,11 @@ def test_an_adapter_push_lands_in_the_slot_and_the_base_stays(loop, engine, lear
 
 
 def test_later_pushes_replace_the_adapter(loop, engine, learner, canary, tol):
-    times = []
-    for _ in range(5):
-        sft_steps(learner, canary, steps=1)
-        start = time.perf_counter()
-        assert push(loop, engine, learner) == learner.num_parameters()
-        times.append((time.perf_counter() - start) * 1e3)
-    measure("lora_slots_push_ms_median_tiny", sorted(times)[len(times) // 2])
-    measure("lora_slots_push_worker_ms_tiny", engine.last_load["worker_ms"])
-    assert canary_diff(loop, engine, learner, canary) <= tol  # written, not added: no drift after six pushes
+    later_pushes_do_not_accumulate(loop, engine, learner, canary, tol, "lora_slots")
 
 
 def test_sleep_wake_keeps_the_slot_and_a_skipped_push_shows(loop, engine, learner, canary, tol):
-    loop.run_until_complete(engine.sleep(1))
-    loop.run_until_complete(engine.wake(["weights"]))
-    sft_steps(learner, canary, sign=-1.0)
-    loop.run_until_complete(engine.wake(["kv_cache"]))
-    stale = canary_diff(loop, engine, learner, canary)
-    assert stale > tol, f"a skipped adapter push left the canary within tolerance ({stale:.3g})"
-    loop.run_until_complete(engine.sleep(1))
-    loop.run_until_complete(engine.wake(["weights"]))
-    push(loop, engine, learner)
-    loop.run_until_complete(engine.wake(["kv_cache"]))
-    loop.run_until_complete(engine.reset_prefix_cache())
-    diff = canary_diff(loop, engine, learner, canary)
-    measure("lora_slots_canary_diff_after_sleep1", diff)
-    assert diff <= tol
+    sleep_wake_keeps_the_adapter_and_a_skipped_push_shows(loop, engine, learner, canary, tol, "lora_slots")
 
 
 def test_three_adapter_served_steps_of_the_job_on_the_gpu(ray_gpu, tmp_path, gpu_tiny_path):  # noqa: F811

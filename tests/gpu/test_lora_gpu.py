@@ -31,25 +31,32 @@ def lora_cfg(gpu_tiny_path):
     return load_config(flags={"--ckpt": gpu_tiny_path, "--lr": "1e-2"}, overrides=LORA)
 
 
-@pytest.fixture(scope="module")
-def engine(loop, gpu_tiny_path, lora_cfg):
+def lora_engine(loop, model_path: str, cfg):
+    """A vLLM engine on the GPU with `learner.lora` of ``cfg`` set (merged, or served from vLLM's LoRA slot as
+    `learner.lora.serve` says); yields it, then shuts it down (the fixtures' body)."""
     import os
 
+    from actors.rollout import lora_adapter
     from rlsys.engines.vllm_engine import VLLMEngine, device_total_bytes, memory_fraction
 
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # this process uses CUDA too (the learner)
 
     async def build():
-        eng = VLLMEngine(gpu_tiny_path, max_batch_size=32, seed=0, dtype="bfloat16",
+        eng = VLLMEngine(model_path, max_batch_size=32, seed=0, dtype="bfloat16",
                          gpu_memory_utilization=memory_fraction(6.0, device_total_bytes()),
                          kv_cache_bytes=1 << 30,  # fixed: no profiling of a GPU that other runs share
-                         max_model_len=1024, enforce_eager=True)
-        await eng.set_lora(lora_cfg.learner.lora.scale())
+                         max_model_len=1024, enforce_eager=True, lora_adapter=lora_adapter(cfg.learner.lora))
+        await eng.set_lora(cfg.learner.lora.scale())
         return eng
 
     eng = loop.run_until_complete(build())
     yield eng
     loop.run_until_complete(eng.shutdown())
+
+
+@pytest.fixture(scope="module")
+def engine(loop, gpu_tiny_path, lora_cfg):
+    yield from lora_engine(loop, gpu_tiny_path, lora_cfg)
 
 
 @pytest.fixture(scope="module")
@@ -121,20 +128,23 @@ def test_adapter_push_merges_into_vllms_fused_weights(loop, engine, learner, can
             assert torch.equal(have, want), f"{name} changed though no adapter targets it"
 
 
-def test_later_adapter_pushes_are_fast_and_never_accumulate(loop, engine, learner, canary, tol):
+def later_pushes_do_not_accumulate(loop, engine, learner, canary, tol, tag: str) -> None:
+    """Five more steps and pushes, timed (`MEASURE {tag}_push_ms_median_tiny`): the engine ends at the learner's
+    adapter, so each push replaced the last (merged from the kept base, or written into the slot), never added."""
     times = []
     for _ in range(5):
         sft_steps(learner, canary, steps=1)
         start = time.perf_counter()
         assert push(loop, engine, learner) == learner.num_parameters()
         times.append((time.perf_counter() - start) * 1e3)
-    measure("lora_push_ms_median_tiny", sorted(times)[len(times) // 2])
-    measure("lora_push_worker_ms_tiny", engine.last_load["worker_ms"])
-    # six merges from the kept base: a merge on top of the last one would have drifted far from the learner
+    measure(f"{tag}_push_ms_median_tiny", sorted(times)[len(times) // 2])
+    measure(f"{tag}_push_worker_ms_tiny", engine.last_load["worker_ms"])
     assert canary_diff(loop, engine, learner, canary) <= tol
 
 
-def test_sleep_wake_keeps_the_merged_weights_and_a_skipped_push_shows(loop, engine, learner, canary, tol):
+def sleep_wake_keeps_the_adapter_and_a_skipped_push_shows(loop, engine, learner, canary, tol, tag: str) -> None:
+    """Level-1 sleep and wake keep what the last push wrote; a step without a push moves the canary past the
+    tolerance; a push into the woken weights brings it back (`MEASURE {tag}_canary_diff_after_sleep1`)."""
     loop.run_until_complete(engine.sleep(1))
     loop.run_until_complete(engine.wake(["weights"]))
     # lower the canary's logprob: the earlier tests raised it close to 0, where four more raising steps moved it by
@@ -149,8 +159,16 @@ def test_sleep_wake_keeps_the_merged_weights_and_a_skipped_push_shows(loop, engi
     loop.run_until_complete(engine.wake(["kv_cache"]))
     loop.run_until_complete(engine.reset_prefix_cache())
     diff = canary_diff(loop, engine, learner, canary)
-    measure("lora_canary_diff_after_sleep1", diff)
+    measure(f"{tag}_canary_diff_after_sleep1", diff)
     assert diff <= tol
+
+
+def test_later_adapter_pushes_are_fast_and_never_accumulate(loop, engine, learner, canary, tol):
+    later_pushes_do_not_accumulate(loop, engine, learner, canary, tol, "lora")
+
+
+def test_sleep_wake_keeps_the_merged_weights_and_a_skipped_push_shows(loop, engine, learner, canary, tol):
+    sleep_wake_keeps_the_adapter_and_a_skipped_push_shows(loop, engine, learner, canary, tol, "lora")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes (rlsys[gpu])")
