@@ -654,6 +654,9 @@ class Config(_Section):
         if lora.serve == "adapter" and lora.enabled and r.engine == "transformers":
             raise ValueError("learner.lora.serve = \"adapter\": vLLM's LoRA layers serve the adapter; the transformers "
                              "engine merges it (learner.lora.serve = \"merged\")")
+        if lora.serve == "adapter" and lora.enabled and c.tp_size > 1:
+            raise ValueError(f"learner.lora.serve = \"adapter\": pushes write the whole adapter into one worker's LoRA "
+                             f"slot, so cluster.tp_size must be 1 (it is {c.tp_size})")
         if self.checkpoint.resume not in ("never", "auto") and not self.checkpoint.resume:
             raise ValueError("checkpoint.resume: empty; use never, auto or a checkpoint path")
         return self

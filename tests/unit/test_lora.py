@@ -214,6 +214,8 @@ def test_adapter_serving_is_refused_on_the_transformers_engine():
 
     with pytest.raises(ConfigError, match="transformers engine merges"):
         load_config(overrides=[*LORA, "learner.lora.serve=adapter", "rollout.engine=transformers"])
+    with pytest.raises(ConfigError, match="cluster.tp_size must be 1"):
+        load_config(overrides=[*LORA, "learner.lora.serve=adapter", "cluster.world_size=2", "cluster.tp_size=2"])
     cfg = load_config(overrides=[*LORA, "learner.lora.serve=adapter"])  # engine auto: transformers without a GPU
     settings = EngineSettings(rollout=cfg.rollout, lora=cfg.learner.lora)
     with pytest.raises(UserInputError, match="needs the vLLM engine"):
