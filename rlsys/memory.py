@@ -58,8 +58,9 @@ vocabulary, h = hidden, q = heads x head_dim, i = intermediate, L = layers, r = 
   bytes each);
 - engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, boards in flight x n_samples) sequences (the
   boards: `batch_size`, or a dynamic-sampling round's most, `sampled_groups`; never less than one `max_model_len`
-  sequence, which vLLM insists on), activations of one scheduler step, CUDA graphs
-  (unless `enforce_eager`), and its CUDA context (outside `gpu_memory_utilization`).
+  sequence, which vLLM insists on) or, with `rollout.kv_cache_gib`, that fixed size (what vLLM then holds, whatever
+  the sequences in flight), activations of one scheduler step, CUDA graphs (unless `enforce_eager`), and its CUDA
+  context (outside `gpu_memory_utilization`).
 The sequence length is `prompt_tokens + max_new_tokens` when the prompt length is known (`rollout.budget_prompt_tokens`,
 which `rlsys train` and `rlsys tune` measure for a single-request environment), else `max_model_len` (the worst case, and no prefix sharing counted). Calibrated against the
 learner's measured peaks (docs/performance.md, section 4, "The learner's estimate against the measured peaks"):
@@ -200,6 +201,7 @@ class JobShape:
     prompt_tokens: int | None = None  # the prompts' length when known: the part of seq_len a group shares
     n_samples: int = 1  # rows of a group (rollout.n_samples): the rows that share one prompt
     sft: bool = False  # algo.name == "sft": no prefix sharing, the shifted logits copied
+    kv_cache_bytes: int | None = None  # rollout.kv_cache_gib: vLLM's fixed KV cache; None = sized by the sequences
 
     @property
     def shares_prefixes(self) -> bool:
@@ -254,7 +256,8 @@ class JobShape:
                    lora_dropout=bool(lora_on and getattr(lora, "dropout", 0.0) > 0),
                    lora_serve=str(getattr(lora, "serve", "merged")) if lora_on else "merged",
                    prefix_sharing=bool(getattr(cfg.learner, "prefix_sharing", False)) and not sft,
-                   prompt_tokens=prompt_tokens, n_samples=1 if sft else r.n_samples, sft=sft)
+                   prompt_tokens=prompt_tokens, n_samples=1 if sft else r.n_samples, sft=sft,
+                   kv_cache_bytes=None if getattr(r, "kv_cache_gib", None) is None else int(r.kv_cache_gib * GIB))
 
 
 # ------------------------------------------------------------------ one micro-batch, as the learner runs it
@@ -410,12 +413,16 @@ class Estimate:
                  f"(max_model_len {j.max_model_len})"]
         for side, parts in (("learner", self.learner), ("engine (vLLM)", self.engine)):
             lines.append(f"  {side:<16}{sum(parts.values()) / GIB:8.2f} GiB")
-            lines += [f"    {name:<24}{b / GIB:8.2f} GiB" for name, b in parts.items()]
+            lines += [f"    {self._label(name):<24}{b / GIB:8.2f} GiB" for name, b in parts.items()]
         if self.micro is not None and self.micro.prefixes:
             lines.insert(1, f"  largest micro-batch: {self.micro.text(j)}")
         budget = "" if self.budget_bytes is None else f" of a {self.budget_bytes / GIB:.2f} GiB budget"
         lines.append(f"  {'total':<16}{self.total_bytes / GIB:8.2f} GiB{budget}")
         return "\n".join(lines)
+
+    def _label(self, name: str) -> str:
+        """A part's name in the table: the engine's KV cache says when it is the size the config fixed."""
+        return f"{name} (kv_cache_gib)" if name == "KV cache" and self.job.kv_cache_bytes is not None else name
 
     def refusal(self) -> str:
         lines = [f"rollout.gpu_memory_budget_gib: the job needs ~{self.total_bytes / GIB:.1f} GiB, over its "
@@ -486,14 +493,15 @@ NF4_BYTES_PER_PARAM = 0.5 + 4 / 64 / 4 + 4 / 256 / 64  # 4 bits + double-quantiz
 
 
 def _engine_parts(model: ModelShape, job: JobShape) -> dict[str, int]:
-    """The vLLM engine's share: weights, KV cache, one step's activations, CUDA graphs, context."""
+    """The vLLM engine's share: weights, KV cache (the sequences in flight, or `rollout.kv_cache_gib`, which vLLM
+    then allocates whatever they need), one step's activations, CUDA graphs, context."""
     d, h, i, V = job.dtype_bytes, model.hidden, model.intermediate, model.vocab
     in_flight = min(job.engine_max_batch, job.concurrency)
     kv_tokens = max(job.max_model_len, in_flight * job.seq_len)
     step_tokens = max(ENGINE_STEP_TOKENS, job.max_model_len)
     return {
         "weights": model.num_params() * d,
-        "KV cache": kv_tokens * model.kv_bytes_per_token(d),
+        "KV cache": kv_tokens * model.kv_bytes_per_token(d) if job.kv_cache_bytes is None else job.kv_cache_bytes,
         "activations": step_tokens * d * (4 * h + 3 * i) + job.engine_max_batch * V * 4 * 2,
         "CUDA graphs": 0 if job.enforce_eager else CUDA_GRAPH_BYTES,
         "CUDA context": CONTEXT_BYTES,
@@ -672,10 +680,9 @@ def budget_split(cfg: Any, model_path: str | os.PathLike) -> BudgetSplit | None:
 
 
 def fixed_kv_engine_bytes(cfg: Any, model_path: str | os.PathLike) -> int:
-    """What vLLM holds under `rollout.kv_cache_gib` (and no budget): the estimate's weights, activations and CUDA
-    graphs plus that KV cache, its CUDA context left out as in a budget's engine share (actors/rollout.py)."""
+    """What vLLM holds under `rollout.kv_cache_gib` (and no budget): the estimate's engine (whose KV cache is that
+    size), its CUDA context left out as in a budget's engine share (actors/rollout.py)."""
     engine = dict(job_estimate(cfg, model_path).engine)
-    engine["KV cache"] = int(cfg.rollout.kv_cache_gib * GIB)
     engine.pop("CUDA context", None)
     engine.pop(LORA_KEPT, None)  # beside vLLM's pool, not in its gpu_memory_utilization
     return sum(engine.values())

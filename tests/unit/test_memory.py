@@ -172,8 +172,10 @@ def test_dynamic_sampling_counts_a_rounds_boards_in_the_engine_and_the_unanimous
                         overrides=["algo.dynamic_sampling=false", "algo.unanimous_groups=0"])
     assert JobShape.from_config(plain, prompt_tokens=250).concurrency == 32
     shape = ModelShape.from_config(QWEN05B)
-    kv = {j: estimate(shape, JobShape.from_config(c, prompt_tokens=250)).engine["KV cache"]
-          for j, c in (("ds", recipe), ("plain", plain))}
+    # the KV cache the boards in flight need (the recipe fixes vLLM's at rollout.kv_cache_gib = 3 instead)
+    sized = {j: replace(JobShape.from_config(c, prompt_tokens=250), kv_cache_bytes=None)
+             for j, c in (("ds", recipe), ("plain", plain))}
+    kv = {j: estimate(shape, job).engine["KV cache"] for j, job in sized.items()}
     assert kv["ds"] == 8 * kv["plain"]
     main(["--config", "configs/tictactoe-qwen0.5b.toml", "--ckpt", str(folder), "--gpu-memory-budget-gib", "24",
           "--prompt-tokens", "250"])
@@ -550,6 +552,38 @@ def test_tune_exits_2_when_nothing_fits_or_no_budget(qwen15b_folder, capsys):
     assert main(["--ckpt", str(qwen15b_folder)]) == 2
     assert "needs a budget" in capsys.readouterr().err
 
+
+
+def test_a_fixed_kv_cache_is_the_estimates_kv_line_and_tune_shows_it(qwen15b_folder, tmp_path, capsys):
+    """`rollout.kv_cache_gib` fixes vLLM's KV cache whatever the sequences in flight: the estimate's KV line, and so
+    its total (`rlsys train`'s check and split, `rlsys tune`), is that size, not the one the job's shape gives."""
+    import re
+
+    from jobs.tune import main as tune_main
+    from rlsys.config import load_config
+    from rlsys.memory import fixed_kv_engine_bytes, job_estimate
+
+    flags = {"--ckpt": str(qwen15b_folder), "--gpu-memory-budget-gib": "24", "--run-dir": str(tmp_path / "run")}
+    base = ["rollout.max_model_len=1024"]
+    est = {gib: job_estimate(load_config(flags=flags, overrides=[*base, f"rollout.kv_cache_gib={gib}"]), qwen15b_folder)
+           for gib in (0.5, 3)}
+    assert est[0.5].engine["KV cache"] == GIB // 2 and est[3].engine["KV cache"] == 3 * GIB
+    assert est[3].engine_bytes - est[0.5].engine_bytes == est[3].total_bytes - est[0.5].total_bytes == int(2.5 * GIB)
+    sized = job_estimate(load_config(flags=flags, overrides=base), qwen15b_folder).engine["KV cache"]
+    assert sized not in (GIB // 2, 3 * GIB)  # the shape's own size, which a fixed one replaces
+    assert re.search(r"KV cache \(kv_cache_gib\) +3\.00 GiB", est[3].table())
+    assert re.search(r"KV cache +[0-9.]+ GiB", job_estimate(load_config(flags=flags, overrides=base),
+                                                              qwen15b_folder).table())
+    # without a budget, what vLLM is sized to hold (actors/rollout.py): that estimate's engine less its CUDA context
+    free = load_config(flags={"--ckpt": str(qwen15b_folder), "--run-dir": str(tmp_path / "run")},
+                       overrides=[*base, "rollout.kv_cache_gib=3"])
+    assert fixed_kv_engine_bytes(free, qwen15b_folder) == est[3].engine_bytes - CONTEXT_BYTES
+
+    # rlsys tune prints the fixed size, as configured and in what it proposes
+    assert tune_main(["--ckpt", str(qwen15b_folder), "--gpu-memory-budget-gib", "24", "--prompt-tokens", "240",
+                      *base, "rollout.kv_cache_gib=3"]) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"KV cache \(kv_cache_gib\) +3\.00 GiB", out)) == 2, out
 
 # ------------------------------------------------------------------ the GPU-only branches, with torch.cuda faked
 def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tmp_path):
