@@ -5,10 +5,12 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlsys.config import Config, ConfigError, DataConfig
 from rlsys.data import DatasetError, read_jsonl
+from rlsys.errors import UserInputError
 from rlsys.models.resolve import resolve_model
 
 if TYPE_CHECKING:
@@ -56,7 +58,7 @@ def check_memory_budget(cfg: Config, items: list[dict[str, Any]] | None = None) 
         try:
             cfg.rollout.budget_prompt_tokens = measured_prompt_tokens(cfg, model_path, items)
             prompt = "measured" if cfg.rollout.budget_prompt_tokens else "unknown: sequences of max_model_len"
-        except Exception as err:  # noqa: BLE001 (no tokenizer, no chat template: the worst case, said)
+        except Exception as err:  # noqa: BLE001 (PromptsNotMeasured, or a template that fails: the worst case, said)
             prompt = f"not measured ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); " \
                      "sequences of max_model_len"
     try:
@@ -72,23 +74,50 @@ def check_memory_budget(cfg: Config, items: list[dict[str, Any]] | None = None) 
 
 
 MEASURED_ITEMS = 64  # the training items whose prompts `measured_prompt_tokens` renders
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a vocabulary: fast, SentencePiece, BPE
+
+
+class PromptsNotMeasured(UserInputError):
+    """The model gives no tokenizer with a chat template to measure the prompts with; the message names it."""
 
 
 def measured_prompt_tokens(cfg: Config, model_path: str, items: list[dict[str, Any]] | None = None) -> int | None:
     """The longest prompt (chat template + tools) over the first `MEASURED_ITEMS` training items (``items``, or
     loaded), in the model's tokens, for an environment whose agent sends one request per episode
-    (`Environment.first_request`); None otherwise (multi-turn or unknown prompts) and for SFT."""
+    (`Environment.first_request`); None otherwise (multi-turn or unknown prompts) and for SFT.
+    PromptsNotMeasured where the model has no tokenizer or chat template (`prompt_tokenizer`)."""
     env = cfg.env.environment()
     if env.first_request is None or cfg.algo.name == "sft":
         return None
-    from transformers import AutoTokenizer
-
     from jobs.bench import first_prompts
 
+    tokenizer = prompt_tokenizer(model_path)
     if items is None:
         items = load_items(cfg.data.model_copy(update={"num_items": min(cfg.data.num_items, MEASURED_ITEMS)}),
                            cfg.algo.name, env)
-    return max(len(p) for p in first_prompts(env, items[:MEASURED_ITEMS], AutoTokenizer.from_pretrained(model_path)))
+    return max(len(p) for p in first_prompts(env, items[:MEASURED_ITEMS], tokenizer))
+
+
+def prompt_tokenizer(model_path: str) -> Any:
+    """The model's tokenizer, which renders the prompts as the proxy does, or PromptsNotMeasured saying what the
+    model lacks. A folder without vocabulary files is refused before transformers sees it: from a config.json alone
+    it builds an empty tokenizer and fails only at the chat template, in a traceback that names neither."""
+    why = "the prompt length is measured with the model's tokenizer and chat template"
+    path = Path(model_path)
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise PromptsNotMeasured(f"{model_path} has no tokenizer ({' / '.join(TOKENIZER_FILES)}); {why}")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as err:  # a broken or unreachable tokenizer: its first line says which
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise PromptsNotMeasured(f"{model_path}: its tokenizer does not load ({type(err).__name__}: {first}); "
+                                 f"{why}") from err
+    if not tokenizer.chat_template:
+        raise PromptsNotMeasured(f"{model_path}'s tokenizer has no chat template (chat_template.jinja, or "
+                                 f"chat_template in tokenizer_config.json); {why}")
+    return tokenizer
 
 
 def load_items(data: DataConfig, algo: str, env: Environment) -> list[dict[str, Any]]:

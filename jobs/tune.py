@@ -9,7 +9,8 @@ a divisor of the sequences per optimizer step), the engine's concurrent sequence
 up to the episodes of a step) and, when the prompt length is known, a tighter `rollout.max_model_len`. Then the
 command line to use. The prompt length is measured on the environment's requests when its agent sends one per
 episode (`Environment.first_request`; `rlsys train` measures it the same way for its check), or given with
-`--prompt-tokens`; otherwise every sequence is assumed `max_model_len` long (the worst case).
+`--prompt-tokens`; otherwise (and, with a warning, where the model has no tokenizer or chat template to measure with)
+every sequence is assumed `max_model_len` long (the worst case).
 Exit status: 0 when something fits, 2 when nothing does (or the input is bad).
 """
 from __future__ import annotations
@@ -19,10 +20,22 @@ import math
 import sys
 from dataclasses import replace
 
-from jobs.items import measured_prompt_tokens
+from jobs.items import PromptsNotMeasured, measured_prompt_tokens
 from rlsys.config import Config, add_config_args, config_from_args
 from rlsys.errors import UserInputError
 from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, suggest, trained_groups
+
+
+def prompt_tokens_or_worst_case(cfg: Config, model_path: str) -> int | None:
+    """`measured_prompt_tokens`, or None with a warning where the model has no tokenizer to measure with: every
+    sequence is then counted `max_model_len` long, as `rlsys train`'s check counts it for the same model."""
+    try:
+        return measured_prompt_tokens(cfg, model_path)
+    except PromptsNotMeasured as err:
+        print(f"rlsys tune: WARNING {err}. Not measured: every sequence is counted max_model_len long (the worst "
+              "case, as rlsys train's check counts it); --prompt-tokens N gives the length", file=sys.stderr)
+        return None
+
 
 def tighter_max_model_len(job: JobShape, prompt_tokens: int | None, max_new_tokens: int) -> int | None:
     """prompt + max_new_tokens with a quarter of headroom, rounded up to 128; None if not below the current."""
@@ -107,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         model_path = resolve_model(cfg.model.ckpt)
         if args.prompt_tokens:
             cfg.rollout.budget_prompt_tokens = args.prompt_tokens
-        prompt = cfg.rollout.budget_prompt_tokens or measured_prompt_tokens(cfg, model_path)
+        prompt = cfg.rollout.budget_prompt_tokens or prompt_tokens_or_worst_case(cfg, model_path)
         status, report = tune(cfg, model_path, budget, prompt, args.config)
     except UserInputError as err:
         print(f"rlsys: {err}", file=sys.stderr)

@@ -509,6 +509,39 @@ def test_train_check_without_a_tokenizer_assumes_the_worst_case_and_says_why(qwe
     assert ok.rollout.budget_prompt_tokens is None
     out = capsys.readouterr().out
     assert "prompts not measured (" in out and "); sequences of max_model_len" in out
+    assert f"PromptsNotMeasured: {qwen15b_folder} has no tokenizer" in out
+
+
+def test_measuring_prompts_names_what_the_model_folder_lacks(qwen15b_folder):
+    import re
+    import shutil
+
+    from jobs.items import PromptsNotMeasured, measured_prompt_tokens
+    from rlsys.config import load_config
+    from rlsys.models.tiny import ensure_tiny_model
+
+    cfg, tiny = load_config(overrides=["data.num_items=4"]), ensure_tiny_model()
+    with pytest.raises(PromptsNotMeasured, match=re.escape(f"{qwen15b_folder} has no tokenizer (tokenizer.json / ")):
+        measured_prompt_tokens(cfg, str(qwen15b_folder))
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # a tokenizer, but no chat template to render with
+        shutil.copy(tiny / name, qwen15b_folder / name)
+    with pytest.raises(PromptsNotMeasured, match="tokenizer has no chat template"):
+        measured_prompt_tokens(cfg, str(qwen15b_folder))
+    shutil.copy(tiny / "chat_template.jinja", qwen15b_folder / "chat_template.jinja")
+    assert measured_prompt_tokens(cfg, str(qwen15b_folder)) > 50
+
+
+def test_tune_without_a_tokenizer_warns_and_counts_the_worst_case_as_train_does(qwen15b_folder, capsys):
+    """A model folder with config.json alone: `rlsys tune` names the folder and what it lacks and counts every
+    sequence max_model_len long, as `rlsys train`'s check then does, instead of a transformers traceback."""
+    from jobs.tune import main
+
+    assert main(["--ckpt", str(qwen15b_folder), "--gpu-memory-budget-gib", "24", "--mini-bs", "2", "--adam-8bit",
+                 "rollout.max_model_len=512", "model.gradient_checkpointing=true"]) == 0
+    captured = capsys.readouterr()
+    assert f"WARNING {qwen15b_folder} has no tokenizer (tokenizer.json / " in captured.err
+    assert "--prompt-tokens N" in captured.err
+    assert "prompt length unknown: sequences of max_model_len" in captured.out and "-> fits" in captured.out
 
 
 def test_train_exits_2_before_ray_when_over_budget(qwen15b_folder, tmp_path, capsys):
