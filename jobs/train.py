@@ -193,10 +193,19 @@ class CollapseWatch:
               f"(entropy {m.get('train/entropy', float('nan')):.3g}), so no step had an advantage to learn from. "
               "What keeps groups apart: algo.kl_coef (a penalty to the start), algo.positive_weight < 1, "
               "algo.top_entropy_frac, algo.entropy_target (an entropy bonus that holds the entropy up), "
-              "algo.unanimous_baseline=batch_below with algo.unanimous_groups (pushes answers given every time down), "
               "a higher rollout.temperature, more rollout.n_samples; "
-              "algo.stop_on_collapse=true ends such a run here", flush=True)
+              f"algo.stop_on_collapse=true ends such a run here{self._cut_off(m)}", flush=True)
         return self.stop
+
+    @staticmethod
+    def _cut_off(m: dict[str, float]) -> str:
+        """The collapse of answers that run on to the cut: groups whose answers all hit `max_new_tokens` are left out
+        (`algo.mask_truncated`), so nothing would teach them to stop (four GPU runs with `batch_below`, docs/results.md)."""
+        cut = m.get("rollout/truncated_frac", 0.0)
+        if cut < 0.5:
+            return ""
+        return (f". {cut:.0%} of this step's answers ran on to rollout.max_new_tokens: with algo.mask_truncated "
+                "they carry no signal that would shorten them; algo.truncated_penalty (instead) gives them one")
 
 
 def training_steps(start: int, max_steps: int, started_at: float, max_minutes: float | None):

@@ -27,6 +27,19 @@ def test_the_streak_counts_all_unanimous_steps_in_a_row_and_a_step_with_signal_r
     assert "last 3 steps" in out and "algo.kl_coef" in out and "algo.stop_on_collapse=true" in out
 
 
+def test_a_collapse_into_cut_off_answers_names_the_cut_and_the_penalty(capsys):
+    watch = CollapseWatch(2, stop=False)
+    for cut in (0.9, 0.95):
+        watch.update({"rollout/zero_var_group_frac": 1.0, "train/entropy": 2.4, "rollout/truncated_frac": cut})
+    out = capsys.readouterr().out
+    assert "95% of this step's answers ran on to rollout.max_new_tokens" in out and "algo.truncated_penalty" in out
+    watch = CollapseWatch(2, stop=False)
+    for _ in range(2):
+        watch.update({"rollout/zero_var_group_frac": 1.0, "train/entropy": 0.003, "rollout/truncated_frac": 0.1})
+    out = capsys.readouterr().out
+    assert "WARNING the policy has collapsed" in out and "max_new_tokens" not in out, "answers that end: no cut"
+
+
 def test_stop_on_collapse_stops_at_the_step_the_streak_reaches_the_limit():
     watch = CollapseWatch(2, stop=True)
     assert [stop for _, stop in steps(watch, [1.0, 0.5, 1.0, 1.0])] == [False, False, False, True]
