@@ -290,8 +290,9 @@ class AlgoConfig(_Section):
     lowest-scoring unanimous groups first: raising an answer the policy already gives every time mostly sharpens it
     (docs/usage.md: in the GPU recipe a unanimous 0.8, a slower win where an immediate one was on the board, sat above
     the batch mean and was raised), while pushing down one it gives every time and that scores below the batch moves
-    mass to the other answers of that board. Groups with signal keep their own baseline. Counted in
-    `adv/unanimous_frac`. Under `dynamic_sampling` the filter drops unanimous groups: `unanimous_groups` brings some
+    mass to the other answers of that board. Measured on the GPU recipe with 4 groups: all four runs collapsed by
+    step 99-190 (half of each batch pushed down only; the answers ran on to the cut; docs/results.md, 2026-12-06).
+    Groups with signal keep their own baseline. Counted in `adv/unanimous_frac`. Under `dynamic_sampling` the filter drops unanimous groups: `unanimous_groups` brings some
     into the batch."""
     unanimous_groups: int = Field(0, ge=0)
     """Under `dynamic_sampling` with `unanimous_baseline = "batch"` (or `"batch_below"`): up to this many of the
