@@ -7,8 +7,9 @@ Prints the estimate of the config as given, and if it does not fit (or fits with
 that look fastest within the budget: gradient checkpointing, 8-bit Adam, the micro-batch (`learner.mini_bs`,
 a divisor of the sequences per optimizer step), the engine's concurrent sequences (`rollout.engine_max_batch`,
 up to the episodes of a step) and, when the prompt length is known, a tighter `rollout.max_model_len`. Then the
-command line to use. The prompt length is measured on the environment's requests when its agent sends one per
-episode (`Environment.first_request`; `rlsys train` measures it the same way for its check), or given with
+`rlsys train` command line to use: the flags and dotted overrides given here, the proposed values in their place.
+The prompt length is measured on the environment's requests when its agent sends one per episode
+(`Environment.first_request`; `rlsys train` measures it the same way for its check), or given with
 `--prompt-tokens`; otherwise (and, with a warning, where the model has no tokenizer or chat template to measure with)
 every sequence is assumed `max_model_len` long (the worst case).
 Exit status: 0 when something fits, 2 when nothing does (or the input is bad).
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from dataclasses import replace
+from typing import Any
 
 from jobs.items import PromptsNotMeasured, measured_prompt_tokens
-from rlsys.config import Config, add_config_args, config_from_args
+from rlsys.config import FLAGS, Config, add_config_args, config_from_args
 from rlsys.errors import UserInputError
 from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, suggest, trained_groups
 
@@ -46,8 +49,10 @@ def tighter_max_model_len(job: JobShape, prompt_tokens: int | None, max_new_toke
 
 
 def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | None = None,
-         config_path: str | None = None) -> tuple[int, str]:
-    """(exit status, report) for ``cfg`` under ``budget_gib``."""
+         config_path: str | None = None, flags: dict[str, Any] | None = None,
+         overrides: list[str] | None = None) -> tuple[int, str]:
+    """(exit status, report) for ``cfg`` under ``budget_gib``; ``config_path``, ``flags`` and ``overrides`` are what
+    the user gave (`add_config_args`), which the suggested `rlsys train` command gives back."""
     shape = ModelShape.from_config(read_model_config(model_path))
     job = JobShape.from_config(cfg, prompt_tokens)
     r = cfg.rollout
@@ -84,12 +89,35 @@ def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | N
                                                 for k, v in proposal.changed.items()))
     else:
         lines.append("\nthe configuration as given is already the fastest that fits")
-    base = ([f"--config {config_path}"] if config_path else []) + [f"--ckpt {cfg.model.ckpt}"]
     # a prompt length given (not measured): the train command states it, so that its check and split agree
-    given = [f"rollout.budget_prompt_tokens={r.budget_prompt_tokens}"] if r.budget_prompt_tokens else []
-    lines.append("use: rlsys train " + " ".join([*base, f"--gpu-memory-budget-gib {budget_gib:g}", *proposal.flags(),
-                                                 *given]))
+    given = {"rollout.budget_prompt_tokens": r.budget_prompt_tokens} if r.budget_prompt_tokens else {}
+    flags = {**(flags or {}), "--ckpt": cfg.model.ckpt, "--gpu-memory-budget-gib": f"{budget_gib:g}"}
+    lines.append("use: " + train_command(config_path, flags, overrides or [], {**proposal.changed, **given}))
     return 0, "\n".join(lines)
+
+
+def train_command(config_path: str | None, flags: dict[str, Any], overrides: list[str], tuned: dict[str, Any]) -> str:
+    """The `rlsys train` command line of the job tuned: the user's ``config_path``, ``flags`` (`FLAGS` name -> value,
+    True for a switch) and dotted ``overrides`` in their order, with the ``tuned`` values (dotted key -> value) in
+    place of the user's for the same key and after them for the rest. No key twice: a flag whose key an override
+    names is left out (the override wins in `load_config` anyway), an override given twice keeps its last value."""
+    settings: dict[str, str] = {}  # dotted key -> value as written, in the order first given
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        settings[key.strip()] = raw
+    settings.update({key: _value(value) for key, value in tuned.items()})
+    words = ["--config", config_path] if config_path else []
+    for flag in FLAG_ORDER:
+        value = flags.get(flag)
+        if value is None or value is False or FLAGS[flag][0] in settings:
+            continue
+        words += [flag] if value is True else [flag, str(value)]
+    words += [f"{key}={raw}" for key, raw in settings.items()]
+    return "rlsys train " + shlex.join(words)
+
+
+# the flags' order in the suggested command: --ckpt first and the budget last, as tune's own usage line has them
+FLAG_ORDER = ["--ckpt", *(f for f in FLAGS if f not in ("--ckpt", "--gpu-memory-budget-gib")), "--gpu-memory-budget-gib"]
 
 
 def getattr_dotted(cfg: Config, dotted: str):
@@ -121,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.prompt_tokens:
             cfg.rollout.budget_prompt_tokens = args.prompt_tokens
         prompt = cfg.rollout.budget_prompt_tokens or prompt_tokens_or_worst_case(cfg, model_path)
-        status, report = tune(cfg, model_path, budget, prompt, args.config)
+        flags = {flag: getattr(args, "flag:" + flag) for flag in FLAGS}
+        status, report = tune(cfg, model_path, budget, prompt, args.config, flags, list(args.overrides or []))
     except UserInputError as err:
         print(f"rlsys: {err}", file=sys.stderr)
         return 2
