@@ -35,12 +35,45 @@ def validate_chat(item: dict[str, Any]) -> None:
 
 def preflight(cfg: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Everything that can be refused before Ray starts: the environment and its plug-ins, training and held-out
-    data, a memory budget the job does not fit."""
+    data, a KV cache too small for one sequence, a memory budget the job does not fit."""
     env = cfg.env.environment()
     items = load_items(cfg.data, cfg.algo.name, env)
+    check_kv_cache(cfg)
     check_memory_budget(cfg, items)
     wants_eval = cfg.eval.at_start or cfg.eval.at_end or cfg.eval.every
     return items, load_eval_items(cfg.data, cfg.algo.name, env) if wants_eval else []
+
+
+def engine_is_vllm(cfg: Config) -> bool:
+    """Whether the job's engine is vLLM, as this machine tells: `rollout.engine` vllm, or auto where vLLM is installed
+    and NVML sees a GPU here (the rollout actor's rule, actors/rollout.py `resolve_engine_kind`, without importing
+    torch). The transformers engine ignores vLLM's settings (`rollout.kv_cache_gib`)."""
+    if cfg.rollout.engine != "auto":
+        return cfg.rollout.engine == "vllm"
+    import importlib.util
+
+    from rlsys.memory import device_total_bytes_nvml
+
+    return importlib.util.find_spec("vllm") is not None and device_total_bytes_nvml() is not None
+
+
+def check_kv_cache(cfg: Config) -> None:
+    """`rollout.kv_cache_gib` on the vLLM engine, with or without a budget: refuse (ConfigError, exit 2: the size
+    one `max_model_len` sequence needs with this model, and the fix) a KV cache vLLM would refuse in its engine's
+    start, minutes later with Ray and the actors up (rlsys/memory.py `kv_cache_refusal`)."""
+    if cfg.rollout.kv_cache_gib is None or not engine_is_vllm(cfg):
+        return
+    from rlsys.memory import JobShape, ModelShape, kv_cache_refusal, read_model_config
+
+    model_path = resolve_model(cfg.model.ckpt)
+    try:
+        shape = ModelShape.from_config(read_model_config(model_path))
+    except ValueError as err:  # a model whose config.json the estimate does not read: vLLM's own check stands
+        print(f"rlsys: rollout.kv_cache_gib not checked against one sequence ({err})", flush=True)
+        return
+    refusal = kv_cache_refusal(shape, JobShape.from_config(cfg), cfg.cluster.tp_size)
+    if refusal is not None:
+        raise ConfigError(refusal)
 
 
 def check_memory_budget(cfg: Config, items: list[dict[str, Any]] | None = None) -> None:

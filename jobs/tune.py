@@ -12,7 +12,8 @@ The prompt length is measured on the environment's requests when its agent sends
 (`Environment.first_request`; `rlsys train` measures it the same way for its check), or given with
 `--prompt-tokens`; otherwise (and, with a warning, where the model has no tokenizer or chat template to measure with)
 every sequence is assumed `max_model_len` long (the worst case).
-Exit status: 0 when something fits, 2 when nothing does (or the input is bad).
+Exit status: 0 when something fits, 2 when nothing does (or the input is bad, as a `rollout.kv_cache_gib` too small
+for one `max_model_len` sequence, which `rlsys train` refuses).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from typing import Any
 from jobs.items import PromptsNotMeasured, measured_prompt_tokens
 from rlsys.config import FLAGS, Config, add_config_args, config_from_args
 from rlsys.errors import UserInputError
-from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, suggest, trained_groups
+from rlsys.memory import (GIB, JobShape, ModelShape, estimate, kv_cache_refusal, read_model_config, suggest,
+                          trained_groups)
 
 
 def prompt_tokens_or_worst_case(cfg: Config, model_path: str) -> int | None:
@@ -64,6 +66,12 @@ def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | N
     current = estimate(shape, job, budget_gib)
     lines.append(current.table())
     lines.append(f"  -> {'fits' if current.fits else 'does NOT fit'}")
+    # the estimate is the vLLM engine's: its fixed KV cache is checked as rlsys train checks it (jobs/items.py
+    # `check_kv_cache`) unless the config names the transformers engine, which ignores kv_cache_gib
+    kv_checked, tp = r.engine != "transformers", cfg.cluster.tp_size
+    kv_refusal = kv_cache_refusal(shape, job, tp) if kv_checked else None
+    if kv_refusal:
+        lines.append(f"  -> and rlsys train refuses it: {kv_refusal}")
     proposal = suggest(shape, job, budget_gib, per_minibatch=per_minibatch, max_concurrency=episodes)
     tighter = tighter_max_model_len(job, prompt_tokens, r.max_new_tokens)
     if tighter is not None:
@@ -89,6 +97,10 @@ def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | N
                                                 for k, v in proposal.changed.items()))
     else:
         lines.append("\nthe configuration as given is already the fastest that fits")
+    if kv_checked and (refusal := kv_cache_refusal(shape, proposal.job, tp)):
+        same = proposal.job.max_model_len == job.max_model_len
+        lines.append(f"\nno command to use: {'rollout.kv_cache_gib is refused (above)' if same else refusal}")
+        return 2, "\n".join(lines)
     # a prompt length given (not measured): the train command states it, so that its check and split agree
     given = {"rollout.budget_prompt_tokens": r.budget_prompt_tokens} if r.budget_prompt_tokens else {}
     flags = {**(flags or {}), "--ckpt": cfg.model.ckpt, "--gpu-memory-budget-gib": f"{budget_gib:g}"}
@@ -117,7 +129,8 @@ def train_command(config_path: str | None, flags: dict[str, Any], overrides: lis
 
 
 # the flags' order in the suggested command: --ckpt first and the budget last, as tune's own usage line has them
-FLAG_ORDER = ["--ckpt", *(f for f in FLAGS if f not in ("--ckpt", "--gpu-memory-budget-gib")), "--gpu-memory-budget-gib"]
+FLAG_ORDER = ["--ckpt", *(f for f in FLAGS if f not in ("--ckpt", "--gpu-memory-budget-gib")),
+              "--gpu-memory-budget-gib"]
 
 
 def getattr_dotted(cfg: Config, dotted: str):

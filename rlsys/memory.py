@@ -59,8 +59,9 @@ vocabulary, h = hidden, q = heads x head_dim, i = intermediate, L = layers, r = 
 - engine (vLLM): weights P*d, the KV cache for min(engine_max_batch, boards in flight x n_samples) sequences (the
   boards: `batch_size`, or a dynamic-sampling round's most, `sampled_groups`; never less than one `max_model_len`
   sequence, which vLLM insists on) or, with `rollout.kv_cache_gib`, that fixed size (what vLLM then holds, whatever
-  the sequences in flight), activations of one scheduler step, CUDA graphs (unless `enforce_eager`), and its CUDA
-  context (outside `gpu_memory_utilization`).
+  the sequences in flight; less than one `max_model_len` sequence is refused before Ray, `kv_cache_refusal`),
+  activations of one scheduler step, CUDA graphs (unless `enforce_eager`), and its CUDA context (outside
+  `gpu_memory_utilization`).
 The sequence length is `prompt_tokens + max_new_tokens` when the prompt length is known (`rollout.budget_prompt_tokens`,
 which `rlsys train` and `rlsys tune` measure for a single-request environment), else `max_model_len` (the worst case, and no prefix sharing counted). Calibrated against the
 learner's measured peaks (docs/performance.md, section 4, "The learner's estimate against the measured peaks"):
@@ -686,6 +687,45 @@ def fixed_kv_engine_bytes(cfg: Any, model_path: str | os.PathLike) -> int:
     engine.pop("CUDA context", None)
     engine.pop(LORA_KEPT, None)  # beside vLLM's pool, not in its gpu_memory_utilization
     return sum(engine.values())
+
+
+KV_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA (cache_config.block_size): a sequence takes whole blocks
+
+
+def kv_token_bytes(model: ModelShape, dtype_bytes: int = 2, tp_size: int = 1) -> int:
+    """KV cache bytes a token takes on one GPU of an engine: vLLM splits the KV heads over ``tp_size`` GPUs (one
+    head each at least, replicated where there are fewer heads than GPUs)."""
+    return 2 * model.layers * max(1, model.kv_heads // tp_size) * model.head_dim * dtype_bytes
+
+
+def one_sequence_kv_bytes(model: ModelShape, max_model_len: int, dtype_bytes: int = 2, tp_size: int = 1) -> int:
+    """The KV cache without which vLLM refuses to start: one sequence of ``max_model_len`` tokens in whole blocks,
+    plus the null block its block pool keeps back (vLLM's `check_enough_kv_cache_memory`), on one GPU."""
+    blocks = -(-max_model_len // KV_BLOCK_TOKENS) + 1
+    return blocks * KV_BLOCK_TOKENS * kv_token_bytes(model, dtype_bytes, tp_size)
+
+
+def kv_cache_refusal(model: ModelShape, job: JobShape, tp_size: int = 1) -> str | None:
+    """Why vLLM would refuse `rollout.kv_cache_gib` (``job.kv_cache_bytes``), with the fix, or None: the size is
+    unset (vLLM sizes it), holds one `max_model_len` sequence, or the model has sliding-window layers (they need
+    less than full attention's count, which would refuse sizes vLLM accepts). vLLM finds out only in its engine's
+    start, after Ray and the actors are up."""
+    if job.kv_cache_bytes is None or not model.full_attention:
+        return None
+    need = one_sequence_kv_bytes(model, job.max_model_len, job.dtype_bytes, tp_size)
+    if job.kv_cache_bytes >= need:
+        return None
+    per_token = kv_token_bytes(model, job.dtype_bytes, tp_size)
+    at_least = math.ceil(need * 100 / GIB) / 100  # GiB, rounded up to what a config states
+    if int(at_least * GIB) < need:  # float rounding, as `JobShape.from_config` converts it
+        at_least += 0.01
+    longest = (job.kv_cache_bytes // (KV_BLOCK_TOKENS * per_token) - 1) * KV_BLOCK_TOKENS
+    shorter = f" or lower rollout.max_model_len to at most {longest}" if longest >= 16 else ""  # the config's least
+    gpu = f" on each of {tp_size} GPUs" if tp_size > 1 else ""
+    return (f"rollout.kv_cache_gib: {job.kv_cache_bytes / GIB:g} GiB of KV cache is less than one sequence of "
+            f"rollout.max_model_len {job.max_model_len} tokens needs with this model: {need / GIB:.3g} GiB{gpu} "
+            f"({per_token:,} bytes a token, {GIB // per_token:,} tokens per GiB, in blocks of {KV_BLOCK_TOKENS}); "
+            f"vLLM would refuse to start with it. Raise rollout.kv_cache_gib to at least {at_least:.2f}{shorter}")
 
 
 def _nvml_memory_info():
