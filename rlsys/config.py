@@ -147,7 +147,9 @@ class RolloutConfig(_Section):
     kv_cache_gib: float | None = Field(None, gt=0)
     """vLLM: a fixed KV cache of this many GiB (vLLM's `kv_cache_memory_bytes`) instead of sizing it by
     profiling at start-up. The profile assumes no other process changes its GPU memory meanwhile; set this
-    when several jobs share one GPU (a learning-rate sweep), where another job's sleep/wake breaks it."""
+    when several jobs share one GPU (a learning-rate sweep), where another job's sleep/wake breaks it. The memory
+    estimate counts this size as the engine's KV cache, and a size that cannot hold one `max_model_len` sequence of
+    the model is refused before Ray starts (`rlsys train`'s preflight, `rlsys tune`), not by vLLM minutes later."""
 
 
 AUTO_WORKERS_PER_NODE = (2, 8)  # `env.num_workers = "auto"`: half a node's CPUs, clamped to this range

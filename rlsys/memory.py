@@ -699,8 +699,9 @@ def kv_token_bytes(model: ModelShape, dtype_bytes: int = 2, tp_size: int = 1) ->
 
 
 def one_sequence_kv_bytes(model: ModelShape, max_model_len: int, dtype_bytes: int = 2, tp_size: int = 1) -> int:
-    """The KV cache without which vLLM refuses to start: one sequence of ``max_model_len`` tokens in whole blocks,
-    plus the null block its block pool keeps back (vLLM's `check_enough_kv_cache_memory`), on one GPU."""
+    """The least KV cache for vLLM on one GPU: one sequence of ``max_model_len`` tokens in whole blocks (less, and
+    vLLM 0.26's `check_enough_kv_cache_memory` refuses to start), plus the null block its block pool takes out of
+    the cache first (`BlockPool.null_block`; without it such a sequence would not fit the pool)."""
     blocks = -(-max_model_len // KV_BLOCK_TOKENS) + 1
     return blocks * KV_BLOCK_TOKENS * kv_token_bytes(model, dtype_bytes, tp_size)
 
