@@ -35,10 +35,10 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
     from jobs.session import RayGauges, import_meanwhile
 
     marks["driver_imported"] = time.time()
-    if cfg.logging.tensorboard:
-        import_meanwhile("torch.utils.tensorboard")  # the MetricsLogger's, ready when Job.start returns
     checked = preflight(cfg)  # bad plug-ins and data are refused before the run directory or Ray exist
     marks["preflight_done"] = time.time()
+    if cfg.logging.tensorboard:  # after the preflight: a refused job returns without an import still running
+        import_meanwhile("torch.utils.tensorboard")  # the MetricsLogger's, ready when Job.start returns
     run_dir = prepare_run_dir(cfg)
     job = Job.start(cfg, checked, marks)
     startup = StartupClock(job)
