@@ -28,6 +28,22 @@ def ray_local(_ray_session):
     return ray
 
 
+QWEN05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+           "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2"}
+QWEN15B = {**QWEN05B, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "intermediate_size": 8960}
+
+
+@pytest.fixture
+def qwen15b_folder(tmp_path):
+    """A model folder with only the config.json of a Qwen2.5-1.5B-shaped model (what the memory estimate reads)."""
+    import json
+
+    folder = tmp_path / "q15"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN15B))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
     from rlsys.models.tiny import ensure_tiny_model

@@ -3,25 +3,15 @@ in its engine's start: refused before Ray (jobs/items.py `check_kv_cache`, rlsys
 said by `rlsys tune`, with the numbers and the fix; not on the transformers engine, which ignores the setting."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from rlsys.memory import GIB, JobShape, ModelShape, kv_cache_refusal, kv_token_bytes, one_sequence_kv_bytes
+from tests.conftest import QWEN15B
 
-QWEN15B = {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-           "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2"}
 # 2 (K, V) x 28 layers x 2 KV heads x 128 head_dim x 2 bytes = 28,672 bytes a token; 2048 tokens are 128 blocks of
 # 16, plus vLLM's null block: 129 x 16 x 28,672 bytes
 ONE_SEQUENCE_2048 = 129 * 16 * 28_672
-
-
-@pytest.fixture
-def qwen15b_folder(tmp_path):
-    folder = tmp_path / "q15"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(QWEN15B))
-    return folder
 
 
 def _cfg(folder, tmp_path, *overrides, engine="vllm", **flags):

@@ -12,9 +12,7 @@ import pytest
 from rlsys.memory import (GIB, LOGPROB_CHUNK_BYTES, CONTEXT_BYTES, JobShape, MemoryBudgetError, ModelShape,
                           estimate, suggest)
 
-QWEN05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-           "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2"}
-QWEN15B = {**QWEN05B, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "intermediate_size": 8960}
+from tests.conftest import QWEN05B, QWEN15B
 
 
 def test_parameter_counts_match_the_published_qwen2_5_models():
@@ -408,14 +406,6 @@ def test_the_tictactoe_recipe_fits_an_80_gib_budget_and_sharing_is_what_makes_it
 
 
 # ------------------------------------------------------------------ the check before Ray, and rlsys tune
-@pytest.fixture
-def qwen15b_folder(tmp_path):
-    folder = tmp_path / "q15"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(QWEN15B))
-    return folder
-
-
 def test_job_shape_follows_the_config(tmp_path):
     from rlsys.config import load_config
 

@@ -3,11 +3,8 @@ overrides kept, its proposed values in their place."""
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 
-QWEN15B = {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-           "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2"}
 
 
 def _train_args(use_line: str) -> argparse.Namespace:
@@ -21,13 +18,12 @@ def _train_args(use_line: str) -> argparse.Namespace:
     return parser.parse_args(words[2:])
 
 
-def test_the_suggested_command_keeps_the_users_overrides_with_the_proposed_values_in_their_place(tmp_path, capsys):
+def test_the_suggested_command_keeps_the_users_overrides_with_the_proposed_values_in_their_place(qwen15b_folder,
+                                                                                                   capsys):
     from jobs.tune import getattr_dotted, main
     from rlsys.config import config_from_args
 
-    folder = tmp_path / "q15"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(QWEN15B))
+    folder = qwen15b_folder
     user = ["rollout.max_model_len=1024", "rollout.kv_cache_gib=3", "seed=1", "learner.mini_bs=8",
             "model.gradient_checkpointing=false"]
     assert main(["--ckpt", str(folder), "--gpu-memory-budget-gib", "24", "--batch-size", "8", "--n-samples", "8",
