@@ -199,8 +199,9 @@ class CollapseWatch:
 
     @staticmethod
     def _cut_off(m: dict[str, float]) -> str:
-        """The collapse of answers that run on to the cut: groups whose answers all hit `max_new_tokens` are left out
-        (`algo.mask_truncated`), so nothing would teach them to stop (four GPU runs with `batch_below`, docs/results.md)."""
+        """The collapse of answers that run on to the cut: groups whose answers all hit `max_new_tokens` are left
+        out (`algo.mask_truncated`), so nothing would teach them to stop (four GPU runs with `batch_below`,
+        docs/results.md)."""
         cut = m.get("rollout/truncated_frac", 0.0)
         if cut < 0.5:
             return ""

@@ -294,8 +294,8 @@ class AlgoConfig(_Section):
     the batch mean and was raised), while pushing down one it gives every time and that scores below the batch moves
     mass to the other answers of that board. Measured on the GPU recipe with 4 groups: all four runs collapsed by
     step 99-190 (half of each batch pushed down only; the answers ran on to the cut; docs/results.md, 2026-12-06).
-    Groups with signal keep their own baseline. Counted in `adv/unanimous_frac`. Under `dynamic_sampling` the filter drops unanimous groups: `unanimous_groups` brings some
-    into the batch."""
+    Groups with signal keep their own baseline. Counted in `adv/unanimous_frac`. Under `dynamic_sampling` the
+    filter drops unanimous groups: `unanimous_groups` brings some into the batch."""
     unanimous_groups: int = Field(0, ge=0)
     """Under `dynamic_sampling` with `unanimous_baseline = "batch"` (or `"batch_below"`): up to this many of the
     step's unanimous groups (with a valid member; in sampling order, or lowest reward first under `batch_below`) join

@@ -30,7 +30,8 @@ def ray_local(_ray_session):
 
 QWEN05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
            "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2"}
-QWEN15B = {**QWEN05B, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "intermediate_size": 8960}
+QWEN15B = {**QWEN05B, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+           "intermediate_size": 8960}
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ in its engine's start: refused before Ray (jobs/items.py `check_kv_cache`, rlsys
 said by `rlsys tune`, with the numbers and the fix; not on the transformers engine, which ignores the setting."""
 from __future__ import annotations
 
-
 import pytest
 
 from rlsys.memory import GIB, JobShape, ModelShape, kv_cache_refusal, kv_token_bytes, one_sequence_kv_bytes
