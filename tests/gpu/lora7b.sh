@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
-# Issue 27 on a 7B-shaped model (random weights, built once by jobs.bench), from the repo root on the GPU machine
+# Issue 27 on a 7B-shaped model (or 14B: MODEL below) (random weights, built once by jobs.bench), from the repo root on the GPU machine
 # after the gpu-site bundle is unpacked (docs/gpu.md): the adapter push of r=16 on every projection, merged into the
 # weights and served from vLLM's LoRA slot (`learner.lora.serve`), one after the other in one call; then three
 # GSPO steps with the slot and a 4-bit learner base (the 24 GiB goal: 23.91 GiB in use at peak on an H100 with
 # kv_cache_gib 0.5, 24.40 with 1; docs/gpu.md), alone on the GPU (NVML reads the whole device). Results under
 # $OUT/lora7b/.
 #   bash tests/gpu/lora7b.sh [push|step|all]
+# MODEL=qwen14b-random: the same for the 14B shape (issue 27's 48 GiB goal; `rlsys tune` estimates its step at 41.99
+# GiB with these settings, docs/gpu.md), results under $OUT/lora14b/. The random model is built once under
+# /tmp/rlsys-bench (the 14B one ~30 GB on disk).
 set -u
 source "$(dirname "$0")/device_env.sh"
-dir=$out/lora7b; mkdir -p "$dir"
+model=${MODEL:-qwen7b-random}
+case $model in  # the directory, and vLLM's share in the push benchmark (weights ~14.2 / 27.5 GiB, and the rest)
+  qwen7b-random) name=lora7b vllm_gib=30 ;;
+  qwen14b-random) name=lora14b vllm_gib=45 ;;
+  *) name=lora-$model vllm_gib=${VLLM_GIB:-40} ;;
+esac
+dir=$out/$name; mkdir -p "$dir"
 what=${1:-all}
 if [ "$what" != step ]; then
   for serve in merged adapter; do
-    python3 scripts/lora_push_bench.py --model qwen7b-random --rank 16 --serve $serve --budget-gib 30 \
+    python3 scripts/lora_push_bench.py --model "$model" --rank 16 --serve $serve --budget-gib $vllm_gib \
       --cache /tmp/rlsys-bench --out "$dir/push-$serve.json" > "$dir/push-$serve.log" 2>&1
     echo "push $serve rc=$?: $(tail -2 "$dir/push-$serve.log" | tr '\n' ' ')"
   done
 fi
 if [ "$what" != push ]; then
-  python3 -m jobs.bench step --config configs/tictactoe-tiny-cpu.toml --model qwen7b-random --cache /tmp/rlsys-bench \
+  python3 -m jobs.bench step --config configs/tictactoe-tiny-cpu.toml --model "$model" --cache /tmp/rlsys-bench \
     --steps 3 --random-reward --out "$dir/step-adapter-4bit-kv05.json" rollout.engine=vllm rollout.enforce_eager=true \
     rollout.batch_size=4 rollout.n_samples=8 rollout.max_new_tokens=64 rollout.max_model_len=512 \
     rollout.kv_cache_gib=0.5 learner.mini_bs=1 learner.adam_8bit=true model.gradient_checkpointing=true \
