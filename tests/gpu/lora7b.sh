@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 27 on a 7B-shaped model (or 14B: MODEL below; random weights, built once by jobs.bench), from the repo
-# root on the GPU machine after the gpu-site bundle is unpacked (docs/gpu.md): the adapter push of r=16 on every projection, merged into the
-# weights and served from vLLM's LoRA slot (`learner.lora.serve`), one after the other in one call; then three
+# root on the GPU machine after the gpu-site bundle is unpacked (docs/gpu.md): the adapter push of r=16 on every
+# projection, merged into the weights and served from vLLM's LoRA slot (`learner.lora.serve`), one after the other
+# in one call; then three
 # GSPO steps with the slot and a 4-bit learner base (the 24 GiB goal: 23.91 GiB in use at peak on an H100 with
 # kv_cache_gib 0.5, 24.40 with 1; docs/gpu.md), alone on the GPU (NVML reads the whole device). Results under
 # $OUT/lora7b/.
