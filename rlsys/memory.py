@@ -161,8 +161,10 @@ class ModelShape:
         shapes = self.linear_shapes()
         return self.layers * sum(shapes[t][0] * shapes[t][1] for t in targets if t in shapes)
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.layers * self.kv_dim * dtype_bytes  # K and V of every layer
+    def kv_bytes_per_token(self, dtype_bytes: int = 2, tp_size: int = 1) -> int:
+        """K and V of every layer, on one GPU of an engine: vLLM splits the KV heads over ``tp_size`` GPUs (one head
+        each at least, replicated where there are fewer heads than GPUs)."""
+        return 2 * self.layers * max(1, self.kv_heads // tp_size) * self.head_dim * dtype_bytes
 
 
 def read_model_config(model_path: str | os.PathLike) -> dict[str, Any]:
@@ -692,18 +694,12 @@ def fixed_kv_engine_bytes(cfg: Any, model_path: str | os.PathLike) -> int:
 KV_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA (cache_config.block_size): a sequence takes whole blocks
 
 
-def kv_token_bytes(model: ModelShape, dtype_bytes: int = 2, tp_size: int = 1) -> int:
-    """KV cache bytes a token takes on one GPU of an engine: vLLM splits the KV heads over ``tp_size`` GPUs (one
-    head each at least, replicated where there are fewer heads than GPUs)."""
-    return 2 * model.layers * max(1, model.kv_heads // tp_size) * model.head_dim * dtype_bytes
-
-
 def one_sequence_kv_bytes(model: ModelShape, max_model_len: int, dtype_bytes: int = 2, tp_size: int = 1) -> int:
     """The least KV cache for vLLM on one GPU: one sequence of ``max_model_len`` tokens in whole blocks (less, and
     vLLM 0.26's `check_enough_kv_cache_memory` refuses to start), plus the null block its block pool takes out of
     the cache first (`BlockPool.null_block`; without it such a sequence would not fit the pool)."""
     blocks = -(-max_model_len // KV_BLOCK_TOKENS) + 1
-    return blocks * KV_BLOCK_TOKENS * kv_token_bytes(model, dtype_bytes, tp_size)
+    return blocks * KV_BLOCK_TOKENS * model.kv_bytes_per_token(dtype_bytes, tp_size)
 
 
 def kv_cache_refusal(model: ModelShape, job: JobShape, tp_size: int = 1) -> str | None:
@@ -716,7 +712,7 @@ def kv_cache_refusal(model: ModelShape, job: JobShape, tp_size: int = 1) -> str 
     need = one_sequence_kv_bytes(model, job.max_model_len, job.dtype_bytes, tp_size)
     if job.kv_cache_bytes >= need:
         return None
-    per_token = kv_token_bytes(model, job.dtype_bytes, tp_size)
+    per_token = model.kv_bytes_per_token(job.dtype_bytes, tp_size)
     at_least = math.ceil(need * 100 / GIB) / 100  # GiB, rounded up to what a config states
     if int(at_least * GIB) < need:  # float rounding, as `JobShape.from_config` converts it
         at_least += 0.01

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlsys.memory import GIB, JobShape, ModelShape, kv_cache_refusal, kv_token_bytes, one_sequence_kv_bytes
+from rlsys.memory import GIB, JobShape, ModelShape, kv_cache_refusal, one_sequence_kv_bytes
 from tests.conftest import QWEN15B
 
 # 2 (K, V) x 28 layers x 2 KV heads x 128 head_dim x 2 bytes = 28,672 bytes a token; 2048 tokens are 128 blocks of
@@ -22,11 +22,11 @@ def _cfg(folder, tmp_path, *overrides, engine="vllm", **flags):
 
 def test_one_sequence_by_hand():
     shape = ModelShape.from_config(QWEN15B)
-    assert kv_token_bytes(shape) == 28_672
+    assert shape.kv_bytes_per_token() == 28_672
     assert one_sequence_kv_bytes(shape, 2048) == ONE_SEQUENCE_2048
     assert one_sequence_kv_bytes(shape, 2049) == ONE_SEQUENCE_2048 + 16 * 28_672  # a block more
     # tensor parallel: each GPU holds its share of the KV heads (1 of 2 on 2 GPUs; 1 still on 4)
-    assert kv_token_bytes(shape, tp_size=2) == kv_token_bytes(shape, tp_size=4) == 28_672 // 2
+    assert shape.kv_bytes_per_token(tp_size=2) == shape.kv_bytes_per_token(tp_size=4) == 28_672 // 2
     full = JobShape(max_model_len=2048, kv_cache_bytes=ONE_SEQUENCE_2048)
     assert kv_cache_refusal(shape, full) is None  # exactly enough
     assert kv_cache_refusal(shape, JobShape(max_model_len=2048, kv_cache_bytes=ONE_SEQUENCE_2048 - 1)) is not None
