@@ -102,7 +102,7 @@ case ${1:-start} in
     src=/tmp/rlsys-all-src; rm -rf "$src"; mkdir -p "$src"  # later calls re-send the tree: run from a copy
     tar cf - --exclude=./.devcarry/parts --exclude=./.git . | tar xf - -C "$src"
     rm -rf "$W"; mkdir -p "$W"
-    (cd "$src" && RLSYS_COMMIT=${RLSYS_COMMIT:-} setsid nohup bash tests/gpu/all.sh run > /tmp/rlsys-all.out 2>&1 < /dev/null &)
+    (cd "$src" && RLSYS_COMMIT=${RLSYS_COMMIT:-} detach /tmp/rlsys-all.out bash tests/gpu/all.sh run)
     sleep 5; wait_done ;;
   run) run ;;
   wait) wait_done "${2:-}" ;;

@@ -93,7 +93,7 @@ case ${1:?start or wait} in
     # the queue runs from a copy of this tree: later calls re-send the working tree, edits and all
     src=/tmp/rlsys-src; rm -rf "$src"; mkdir -p "$src"
     tar cf - --exclude=./.devcarry/parts --exclude=./.git . | tar xf - -C "$src"
-    (cd "$src" && setsid nohup bash tests/gpu/session.sh queue > "$S/queue.out" 2>&1 < /dev/null &)
+    (cd "$src" && detach "$S/queue.out" bash tests/gpu/session.sh queue)
     sleep "${2:-5}"; collect ;;
   queue) queue ;;
   wait)  # returns at once when no queue lives (never started, killed, or a fresh machine): a wait costs device time

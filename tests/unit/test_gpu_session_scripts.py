@@ -76,3 +76,30 @@ def test_session_queue_runs_at_most_max_runs_at_once(tmp_path):
     assert most == 2, events  # two at once, never three
     assert "at most 2 run(s) at once" in (tmp_path / "session" / "queue.log").read_text()
     assert (tmp_path / "session" / "done").exists()
+
+
+def test_detach_hands_the_callers_output_back_at_once(tmp_path):
+    """`detach` (tests/gpu/device_env.sh) starts the suite and the queue so that they outlive the device call: the
+    call's own output must end when the call's script does, not when the detached work does (`all.sh start | tail`
+    held a start call until its 90 s limit, 2026-12-06), and the work's output goes to its log."""
+    pid_file, log = tmp_path / "work.pid", tmp_path / "work.log"
+    script = (f'source tests/gpu/device_env.sh; (cd "{tmp_path}" && TAG=t7 detach "{log}" '
+              f'bash -c \'echo $$ > "{pid_file}"; echo "work $TAG in $PWD"; sleep 30\'); echo started')
+    t0 = time.monotonic()
+    out = subprocess.run(["bash", "-c", script], cwd=ROOT, env={**os.environ, "OUT": str(tmp_path / "out")},
+                         capture_output=True, text=True, timeout=25)  # stdout a pipe, read to its end
+    took = time.monotonic() - t0
+    try:
+        for _ in range(50):
+            if pid_file.exists() and log.exists() and log.read_text():
+                break
+            time.sleep(0.1)
+        pid = int(pid_file.read_text())
+        os.kill(pid, 0)  # still running after the caller's output ended
+        assert os.getsid(pid) != os.getsid(0)  # in a session of its own
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 15)
+    assert took < 10, f"the caller's output stayed open {took:.0f} s"
+    assert out.stdout.strip() == "started"
+    assert log.read_text().strip() == f"work t7 in {tmp_path}"
