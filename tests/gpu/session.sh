@@ -10,6 +10,9 @@
 # RUNS=none: the benchmarks only (no Qwen bundle needed), e.g. RUNS=none BENCH="startup bench-step" ... start
 # A run of another config: NAME@CONFIG=overrides, e.g. RUNS="gsm@configs/gsm-qwen0.5b.toml=seed=0".
 # FIRST_ALONE=0: start every run 20 s apart at once (when the start-up is not what is measured).
+# AFTER_SUITE=1: convert the GGUF now, start the runs once the GPU suite started before it (tests/gpu/all.sh start)
+# has ended: one call starts both, e.g. `RLSYS_COMMIT=... BENCH=none WAIT_S=5 bash tests/gpu/all.sh start;
+# AFTER_SUITE=1 RUNS=... bash tests/gpu/session.sh start 5`, and the waits after it need no hand in between.
 # At most MAX_RUNS runs at once (default: the GPU's memory / RUN_GIB, 24: a Qwen 0.5B tic-tac-toe run at
 # kv_cache_gib 3 held 20-23 GiB, and a fourth beside three died of CUDA OOM on an H100, 2026-12-05): the others wait
 # for a slot. STAGGER_S (20): the seconds between two starts.
@@ -44,6 +47,12 @@ queue() {
   # the GGUF's conversion here, detached, not in the start call: it took 136 s on a fresh H200 (2026-12-04) and a
   # start call cut at 120 s killed it there, so no run started and the waits after it waited on nothing (2026-12-05)
   [ "${RUNS:-}" = none ] || python3 -c "import sys, time; t=time.time(); from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1])); print(f'convert {time.time()-t:.1f} s')" "$gguf" >> "$S/queue.log" 2>&1
+  if [ "${AFTER_SUITE:-0}" = 1 ]; then  # the conversion beside the suite, the runs after it (timings of each alone)
+    local suite=${RLSYS_ALL_DIR:-/tmp/rlsys-all}
+    log "waiting for the GPU suite to end ($suite)"
+    while [ ! -f "$suite/done" ] && lives "$suite/run.pid"; do sleep 2; done
+    log "the suite has ended"
+  fi
   export RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION=0.04  # several local Rays: 30% of RAM each does not fit
   local common=(--ckpt "$gguf" ${FLAGS:-} rollout.kv_cache_gib=${KV_GIB:-3} eval.every=100 ${EXTRA:-})  # flags, then dotted
   local first=1 spec name ov cfg max

@@ -103,3 +103,36 @@ def test_detach_hands_the_callers_output_back_at_once(tmp_path):
     assert took < 10, f"the caller's output stayed open {took:.0f} s"
     assert out.stdout.strip() == "started"
     assert log.read_text().strip() == f"work t7 in {tmp_path}"
+
+
+def test_session_queue_after_suite_starts_its_runs_once_the_suite_ended(tmp_path):
+    """AFTER_SUITE=1: one device call starts the suite and the queue; the queue's runs wait until the suite's process
+    is gone (each measured alone on the GPU), and do not wait for a suite that is not running."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(FAKE_PYTHON)
+    (fake / "python3").chmod(0o755)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    log = tmp_path / "runs.log"
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(log), "OUT": str(tmp_path / "out"),
+           "RLSYS_SESSION_DIR": str(tmp_path / "session"), "RLSYS_RUNS_DIR": str(tmp_path / "runs"),
+           "RLSYS_ALL_DIR": str(suite), "RUNS": "a=seed=0", "MAX_RUNS": "1", "FIRST_ALONE": "0", "AFTER_SUITE": "1",
+           "STAGGER_S": "0"}
+    suite_started = time.time()
+    sleeper = subprocess.Popen(["sleep", "5"])  # the suite, still running
+    threading.Thread(target=sleeper.wait, daemon=True).start()
+    (suite / "run.pid").write_text(f"{sleeper.pid}\n")
+    try:
+        subprocess.run(["bash", "tests/gpu/session.sh", "queue"], cwd=ROOT, env=env, check=True, timeout=60)
+    finally:
+        sleeper.kill()
+    start = float(log.read_text().split()[2])  # "start a <time>"
+    assert start >= suite_started + 4.5, start - suite_started  # after the suite's 5 s, not at once
+    queue_log = (tmp_path / "session" / "queue.log").read_text()
+    assert "waiting for the GPU suite to end" in queue_log and "the suite has ended" in queue_log
+
+    log.unlink()
+    t0 = time.monotonic()  # the suite is gone now: no wait
+    subprocess.run(["bash", "tests/gpu/session.sh", "queue"], cwd=ROOT, env=env, check=True, timeout=60)
+    assert time.monotonic() - t0 < 4 and log.read_text().startswith("start a")
