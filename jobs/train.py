@@ -8,11 +8,13 @@ trajectories into its own process: it sees per-trajectory summaries (scalars) on
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from rlsys.config import Config, add_config_args, config_from_args, dump_config
@@ -53,7 +55,8 @@ def run_training(cfg: Config, marks: dict[str, float] | None = None) -> Path:
             evaluate(job, logger, 0, "start")
         last = job.start_step  # the step count when training stops: `max_steps`, or less in a time box
         ahead = RolloutAhead(job) if cfg.rollout.overlap else None  # the next step's rollout during this update
-        collapse = CollapseWatch(0 if cfg.algo.name == "sft" else cfg.algo.collapse_steps, cfg.algo.stop_on_collapse)
+        collapse = CollapseWatch(0 if cfg.algo.name == "sft" else cfg.algo.collapse_steps, cfg.algo.stop_on_collapse,
+                                 cfg.algo.collapse_share)
         for step in training_steps(job.start_step, cfg.max_steps, startup.t0, cfg.max_train_minutes):
             t0 = time.perf_counter()
             with timer("rollout"):  # batch_size boards; filtered and topped up under algo.dynamic_sampling
@@ -174,23 +177,34 @@ class RolloutAhead:
 
 
 class CollapseWatch:
-    """`algo.collapse_steps`: counts the steps in a row whose groups were all unanimous (`rollout/unanimous_streak`)
-    and says once, when the count reaches ``steps``, that the policy has collapsed; ``update`` is then True when
-    `algo.stop_on_collapse` asks training to end."""
+    """`algo.collapse_steps` and `algo.collapse_share`: the policy has collapsed once at least ``share`` of the last
+    ``steps`` steps had every group unanimous (`rollout/unanimous_steps` counts them, `rollout/unanimous_streak` the
+    current run of them in a row). Says so once; ``update`` is then True when `algo.stop_on_collapse` asks training to
+    end. A share below 1 also catches a frozen policy whose odd step still has a group with signal: a GPU run stuck on
+    "the first free square" had 127 such steps of 188 but never 20 in a row until its last (docs/results.md,
+    2026-12-06, twenty-ninth session)."""
 
-    def __init__(self, steps: int, stop: bool) -> None:
-        self.steps, self.stop, self.streak = steps, stop, 0
+    def __init__(self, steps: int, stop: bool, share: float = 1.0) -> None:
+        self.steps, self.stop, self.streak, self.said = steps, stop, 0, False
+        self.need = math.ceil(share * steps - 1e-9)  # steps of the window that must be all unanimous
+        self.window: deque[bool] = deque(maxlen=max(steps, 1))
 
     def update(self, m: dict[str, float]) -> bool:
-        """Count this step's metrics ``m`` (adds `rollout/unanimous_streak` to them); True: stop training."""
+        """Count this step's metrics ``m`` (adds `rollout/unanimous_streak` and `rollout/unanimous_steps` to them);
+        True: stop training."""
         if not self.steps:
             return False
-        self.streak = self.streak + 1 if m.get("rollout/zero_var_group_frac", 0.0) >= 1.0 else 0
-        m["rollout/unanimous_streak"] = float(self.streak)
-        if self.streak != self.steps:
+        unanimous = m.get("rollout/zero_var_group_frac", 0.0) >= 1.0
+        self.streak = self.streak + 1 if unanimous else 0
+        self.window.append(unanimous)
+        count = sum(self.window)
+        m["rollout/unanimous_streak"], m["rollout/unanimous_steps"] = float(self.streak), float(count)
+        if self.said or len(self.window) < self.steps or count < self.need:
             return False
-        print(f"rlsys: WARNING the policy has collapsed: every group of the last {self.steps} steps was unanimous "
-              f"(entropy {m.get('train/entropy', float('nan')):.3g}), so no step had an advantage to learn from. "
+        self.said = True
+        which = f"the last {self.steps} steps" if count == self.steps else f"{count} of the last {self.steps} steps"
+        print(f"rlsys: WARNING the policy has collapsed: every group of {which} was unanimous "
+              f"(entropy {m.get('train/entropy', float('nan')):.3g}), so those steps had no advantage to learn from. "
               "What keeps groups apart: algo.kl_coef (a penalty to the start), algo.positive_weight < 1, "
               "algo.top_entropy_frac, algo.entropy_target (an entropy bonus that holds the entropy up), "
               "a higher rollout.temperature, more rollout.n_samples; "
