@@ -177,17 +177,17 @@ class RolloutAhead:
 
 
 class CollapseWatch:
-    """`algo.collapse_steps` and `algo.collapse_share`: the policy has collapsed once at least ``share`` of the last
-    ``steps`` steps had every group unanimous (`rollout/unanimous_steps` counts them, `rollout/unanimous_streak` the
-    current run of them in a row). Says so once; ``update`` is then True when `algo.stop_on_collapse` asks training to
-    end. A share below 1 also catches a frozen policy whose odd step still has a group with signal: a GPU run stuck on
-    "the first free square" had 127 such steps of 188 but never 20 in a row until its last (docs/results.md,
-    2026-12-06, twenty-ninth session)."""
+    """`algo.collapse_steps` and `algo.collapse_share`: the policy has collapsed once ``steps`` steps in a row had
+    every group unanimous (`rollout/unanimous_streak`), or ``share`` of the last ``2 * steps`` steps had
+    (`rollout/unanimous_steps`). Says so once; ``update`` is then True when `algo.stop_on_collapse` asks training to
+    end. The share catches a frozen policy whose odd step still has a group with signal: a GPU run stuck on "the
+    first free square" had 127 such steps of 188 but 20 in a row only at its last (docs/results.md, 2026-12-06,
+    twenty-ninth session)."""
 
     def __init__(self, steps: int, stop: bool, share: float = 1.0) -> None:
         self.steps, self.stop, self.streak, self.said = steps, stop, 0, False
-        self.need = math.ceil(share * steps - 1e-9)  # steps of the window that must be all unanimous
-        self.window: deque[bool] = deque(maxlen=max(steps, 1))
+        self.window: deque[bool] = deque(maxlen=2 * steps)
+        self.need = math.ceil(share * self.window.maxlen - 1e-9)  # of the window, all unanimous
 
     def update(self, m: dict[str, float]) -> bool:
         """Count this step's metrics ``m`` (adds `rollout/unanimous_streak` and `rollout/unanimous_steps` to them);
@@ -199,10 +199,12 @@ class CollapseWatch:
         self.window.append(unanimous)
         count = sum(self.window)
         m["rollout/unanimous_streak"], m["rollout/unanimous_steps"] = float(self.streak), float(count)
-        if self.said or len(self.window) < self.steps or count < self.need:
+        by_share = len(self.window) == self.window.maxlen and count >= self.need
+        if self.said or not (self.streak >= self.steps or by_share):
             return False
         self.said = True
-        which = f"the last {self.steps} steps" if count == self.steps else f"{count} of the last {self.steps} steps"
+        which = f"the last {self.steps} steps" if self.streak >= self.steps else \
+            f"{count} of the last {len(self.window)} steps"
         print(f"rlsys: WARNING the policy has collapsed: every group of {which} was unanimous "
               f"(entropy {m.get('train/entropy', float('nan')):.3g}), so those steps had no advantage to learn from. "
               "What keeps groups apart: algo.kl_coef (a penalty to the start), algo.positive_weight < 1, "

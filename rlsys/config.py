@@ -302,18 +302,18 @@ class AlgoConfig(_Section):
     the `rollout.batch_size` groups with signal. They were sampled anyway: no extra sampling, only learner time.
     Counted in `rollout/groups_unanimous_kept`."""
     collapse_steps: int = Field(20, ge=0)
-    """GSPO/GRPO: the window of the collapse check: the policy has collapsed when at least `collapse_share` of the
-    last this many steps had every group unanimous (`rollout/zero_var_group_frac` 1: every board answered with one
-    reward, no advantage anywhere, nothing to learn); the job then says so once, with the settings that keep groups
-    apart. 0: never. `rollout/unanimous_steps` counts such steps in the window, `rollout/unanimous_streak` the
-    current run of them in a row."""
+    """GSPO/GRPO: the policy has collapsed when every group of a step is unanimous (`rollout/zero_var_group_frac`
+    1: every board answered with one reward, no advantage anywhere, nothing to learn) this many steps in a row, or
+    on `collapse_share` of the last twice this many steps; the job then says so once, with the settings that keep
+    groups apart. 0: never. `rollout/unanimous_streak` counts the current run of such steps, `rollout/unanimous_steps`
+    those of the last 2 x `collapse_steps`."""
     collapse_share: float = Field(0.8, gt=0.0, le=1.0)
-    """The share of `collapse_steps` that declares the collapse (rounded up: 16 of 20). 1 = every one of them, in a
-    row. A frozen policy still finds a group with signal on the odd step: a GPU run stuck on "the first free square"
-    had 127 all-unanimous steps of 188 but not 20 in a row until its last, so `stop_on_collapse` ended it at step 209
-    where 16 of 20 would have at step 40. No healthy run on record came near: at most 4 of any 40 steps in seven
-    GPU runs of the recipes of 2026-12-06, none in the CPU main job's four seeds (docs/results.md, twenty-ninth
-    session)."""
+    """The share of the last 2 x `collapse_steps` steps (rounded up: 32 of 40) that also declares the collapse; 1 =
+    the streak alone. A frozen policy still finds a group with signal on the odd step: a GPU run stuck on "the first
+    free square" had 127 all-unanimous steps of 188 but 20 in a row only at step 209, where 32 of 40 stops it at
+    step 58. A run that recovered from 19 such steps in a row (entropy control over all tokens, seed 0: held-out
+    optimal 0.848) had at most 26 of any 40, the other runs of 2026-12-06 that did not collapse 0-17, the CPU main
+    job's four seeds none (docs/results.md, twenty-ninth session)."""
     stop_on_collapse: bool = False
     """End training when the collapse above is declared (the end eval and the final checkpoint, as at
     `max_steps`): a collapsed run trains on nothing, and under `dynamic_sampling` each of its steps still samples
