@@ -69,8 +69,8 @@ RECOVERED = ("............UUUUUUUUUUUUUUUUUUU.UUUUU..U.U........................
 
 
 def run(watch: CollapseWatch, pattern: str) -> list[bool]:
-    return [watch.update({"rollout/zero_var_group_frac": 1.0 if c == "U" else 0.9, "train/entropy": 0.004})
-            for c in pattern]
+    """`steps`' stop after each step of ``pattern`` (U: every group unanimous, else one with signal)."""
+    return [stop for _, stop in steps(watch, [1.0 if c == "U" else 0.9 for c in pattern])]
 
 
 def test_a_share_of_the_window_catches_a_frozen_policy_whose_odd_step_has_signal(capsys):
