@@ -8,15 +8,14 @@ trajectories into its own process: it sees per-trajectory summaries (scalars) on
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
+from rlsys.collapse import CollapseWatch
 from rlsys.config import Config, add_config_args, config_from_args, dump_config
 from rlsys.errors import exit_status
 from rlsys.metrics import MetricsLogger, Timer, console_line, failure_lines, rollout_metrics
@@ -174,55 +173,6 @@ class RolloutAhead:
     def close(self) -> None:
         """Without waiting: a rollout still in flight (the update failed meanwhile) ends when the job's actors go."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class CollapseWatch:
-    """`algo.collapse_steps` and `algo.collapse_share`: the policy has collapsed once ``steps`` steps in a row had
-    every group unanimous (`rollout/unanimous_streak`), or ``share`` of the last ``2 * steps`` steps had
-    (`rollout/unanimous_steps`). Says so once; ``update`` is then True when `algo.stop_on_collapse` asks training to
-    end. The share catches a frozen policy whose odd step still has a group with signal: a GPU run stuck on "the
-    first free square" had 127 such steps of 188 but 20 in a row only at its last (docs/results.md, 2026-12-06,
-    twenty-ninth session)."""
-
-    def __init__(self, steps: int, stop: bool, share: float = 1.0) -> None:
-        self.steps, self.stop, self.streak, self.said = steps, stop, 0, False
-        self.window: deque[bool] = deque(maxlen=2 * steps)
-        self.need = math.ceil(share * self.window.maxlen - 1e-9)  # of the window, all unanimous
-
-    def update(self, m: dict[str, float]) -> bool:
-        """Count this step's metrics ``m`` (adds `rollout/unanimous_streak` and `rollout/unanimous_steps` to them);
-        True: stop training."""
-        if not self.steps:
-            return False
-        unanimous = m.get("rollout/zero_var_group_frac", 0.0) >= 1.0
-        self.streak = self.streak + 1 if unanimous else 0
-        self.window.append(unanimous)
-        count = sum(self.window)
-        m["rollout/unanimous_streak"], m["rollout/unanimous_steps"] = float(self.streak), float(count)
-        by_share = len(self.window) == self.window.maxlen and count >= self.need
-        if self.said or not (self.streak >= self.steps or by_share):
-            return False
-        self.said = True
-        which = f"the last {self.steps} steps" if self.streak >= self.steps else \
-            f"{count} of the last {len(self.window)} steps"
-        print(f"rlsys: WARNING the policy has collapsed: every group of {which} was unanimous "
-              f"(entropy {m.get('train/entropy', float('nan')):.3g}), so those steps had no advantage to learn from. "
-              "What keeps groups apart: algo.kl_coef (a penalty to the start), algo.positive_weight < 1, "
-              "algo.top_entropy_frac, algo.entropy_target (an entropy bonus that holds the entropy up), "
-              "a higher rollout.temperature, more rollout.n_samples; "
-              f"algo.stop_on_collapse=true ends such a run here{self._cut_off(m)}", flush=True)
-        return self.stop
-
-    @staticmethod
-    def _cut_off(m: dict[str, float]) -> str:
-        """The collapse of answers that run on to the cut: groups whose answers all hit `max_new_tokens` are left
-        out (`algo.mask_truncated`), so nothing would teach them to stop (four GPU runs with `batch_below`,
-        docs/results.md)."""
-        cut = m.get("rollout/truncated_frac", 0.0)
-        if cut < 0.5:
-            return ""
-        return (f". {cut:.0%} of this step's answers ran on to rollout.max_new_tokens: with algo.mask_truncated "
-                "they carry no signal that would shorten them; algo.truncated_penalty (instead) gives them one")
 
 
 def training_steps(start: int, max_steps: int, started_at: float, max_minutes: float | None):

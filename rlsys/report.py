@@ -8,7 +8,8 @@ windows overlap on runs shorter than two windows), the policy's entropy (and KL 
 is set; with `algo.top_entropy_frac` the entropy is the selected tokens' mean, and every output says so), the mean
 time per phase, dynamic sampling's work (boards sampled, the share with signal, groups kept, the steps short of
 `rollout.batch_size` groups, with a hint when many are), and the held-out evaluations: the environment's rates and the
-mean reward. The error table follows the environment's outcome order (`Environment.outcomes`). Writes
+mean reward, and the collapse check (`algo.collapse_steps`, replayed on the logged steps: a run of an older tree
+reads as the job would read it now). The error table follows the environment's outcome order (`Environment.outcomes`). Writes
 `RUN_DIR/plots/`: reward.png, response_len.png, loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a
 plot whose metric the run did not log, e.g. logp_diff for SFT, is skipped and said so).
 
@@ -28,6 +29,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from rlsys.collapse import replay
 
 if TYPE_CHECKING:
     from rlsys.envs.base import Environment
@@ -178,10 +181,20 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
     # the environment's per-episode scalars (e.g. rates by kind of item), first vs last window
     out["episode"] = {key.removeprefix("episode/"): _window_means(run, key, window) for key in run.keys("episode/")}
     out["sampling"] = sampling_summary(run, window)
+    out["collapse"] = None if out["algo"] == "sft" else replay(run.rows, *collapse_settings(run.config))
     out["evals"] = [{"step": e.get("step"), "tag": e.get("tag"),
                      **{k.removeprefix("eval/"): as_float(v) for k, v in e.items() if is_eval_rate(k)}}
                     for e in run.evals]
     return out
+
+
+def collapse_settings(config: dict[str, Any]) -> tuple[int, float]:
+    """The run's `algo.collapse_steps` and `algo.collapse_share`; the defaults where its config predates them."""
+    from rlsys.config import AlgoConfig
+
+    algo, fields = config.get("algo", {}), AlgoConfig.model_fields
+    return (int(algo.get("collapse_steps", fields["collapse_steps"].default)),
+            float(algo.get("collapse_share", fields["collapse_share"].default)))
 
 
 SHORT_HINT_FRAC = 0.25  # the last window's share of steps short of `rollout.batch_size` groups that prints the hint
@@ -249,6 +262,8 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"    {name:<36} {_fmt(a):>8}  {_fmt(b):>8}")
     if s.get("sampling"):
         lines.extend(_format_sampling(s["sampling"], s["window"]))
+    if s.get("collapse"):
+        lines.append(_format_collapse(s["collapse"]))
     if s["time_mean_s"]:
         step = s["time_mean_s"].get("step")
         lines.append("  time per step, mean (s)" + (f": {step:.2f} in all" if step else ""))
@@ -286,6 +301,18 @@ def _format_sampling(d: dict[str, Any], w: int) -> list[str]:
                   "with it",
                   "       (data.signal_replay, exploration) or algo.unanimous_groups."]
     return lines
+
+
+def _format_collapse(c: dict[str, Any]) -> str:
+    """The collapse check's reading (`rlsys.collapse.replay`) in one line."""
+    seen = (f"{c['unanimous']} of {c['steps']} steps had every group unanimous; longest streak {c['longest']}"
+            + ("" if c["most"] is None else f", most in {c['window']} steps {c['most']}"))
+    if c["declared_step"] is None:
+        return (f"  collapse check: not declared ({seen}; it needs {c['streak_limit']} in a row or {c['need']} of "
+                f"{c['window']}: algo.collapse_steps, algo.collapse_share)")
+    rule = f"{c['streak_limit']} in a row" if c["how"] == "streak" else f"{c['need']} of the last {c['window']}"
+    return (f"  collapse check: COLLAPSED at step {c['declared_step']} ({rule}; {seen}). "
+            "The WARNING in the job's log names the settings that keep groups apart")
 
 
 # --- several runs side by side ----------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """`algo.collapse_steps` / `algo.stop_on_collapse`: the driver's count of steps whose groups were all unanimous
-(jobs/train.py `CollapseWatch`)."""
+(rlsys/collapse.py `CollapseWatch`, counted by jobs/train.py)."""
 from __future__ import annotations
 
 import pytest
 
-from jobs.train import CollapseWatch
+from rlsys.collapse import CollapseWatch
 
 
 def steps(watch: CollapseWatch, fracs: list[float]) -> list[tuple[float, bool]]:

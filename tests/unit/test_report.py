@@ -305,3 +305,36 @@ def test_dynamic_sampling_is_summed_up_and_a_short_batch_gets_a_hint(tmp_path):
         r["rollout/sample_rounds"] = 1.0
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert summarize_run(load_run(run), window=10)["sampling"] is None
+
+
+def test_the_collapse_check_is_replayed_on_the_logged_steps_with_the_runs_own_settings(tmp_path):
+    """The report reads the collapse as the job would (rlsys/collapse.py): the run's `algo.collapse_steps` and
+    `algo.collapse_share`, or the defaults (20, 0.8) where its config predates them; a run that never collapsed
+    says how far it was from it; SFT has no groups and no such line."""
+    from rlsys.report import format_summary
+
+    run = make_run(tmp_path / "run", steps=60)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    pattern = "." * 10 + "U.UUUUUUUU" * 5  # from step 11: 9 of every 10 steps unanimous, never 20 in a row
+    for r, c in zip(rows, pattern):
+        r["rollout/zero_var_group_frac"] = 1.0 if c == "U" else 0.75
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = summarize_run(load_run(run))["collapse"]
+    # the defaults, 32 of the last 40: the first full window that holds 32
+    windows = [sum(ch == "U" for ch in pattern[max(0, k - 40):k]) for k in range(40, 61)]
+    assert c["declared_step"] == 40 + next(i for i, w in enumerate(windows) if w >= 32)
+    assert (c["how"], c["longest"], c["unanimous"], c["steps"], c["need"]) == ("share", 9, 45, 60, 32)
+    assert f"COLLAPSED at step {c['declared_step']} (32 of the last 40; 45 of 60 steps" in format_summary(
+        summarize_run(load_run(run)))
+    # the run's own settings: a share of 1.0 leaves only the streak, which never reaches 20
+    (run / "config.resolved.toml").write_text('[algo]\nname = "gspo"\ncollapse_steps = 20\ncollapse_share = 1.0\n')
+    c = summarize_run(load_run(run))["collapse"]
+    assert c["declared_step"] is None and c["most"] == max(windows)
+    assert ("collapse check: not declared (45 of 60 steps had every group unanimous; longest streak 9, most in 40 "
+            f"steps {max(windows)}; it needs 20 in a row or 40 of 40") in format_summary(summarize_run(load_run(run)))
+    (run / "config.resolved.toml").write_text('[algo]\nname = "gspo"\ncollapse_steps = 4\n')  # 4 in a row
+    assert summarize_run(load_run(run))["collapse"]["declared_step"] == 16  # steps 13-16: the first four in a row
+    (run / "config.resolved.toml").write_text('[algo]\nname = "sft"\n')
+    assert summarize_run(load_run(run))["collapse"] is None
+    plain = summarize_run(load_run(make_run(tmp_path / "plain")))  # no zero-variance fraction logged
+    assert plain["collapse"] is None and "collapse check" not in format_summary(plain)
