@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlsys.report import load_run, main, summarize_run, write_plots
+from rlsys.plots import write_plots
+from rlsys.report import load_run, main, summarize_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -204,7 +205,7 @@ def test_plot_of_several_runs_is_one_png_and_refused_for_one(tmp_path, capsys):
 
 
 def test_line_styles_tell_seeds_apart_by_colour_alone_or_by_style_within_a_variant():
-    from rlsys.report import line_styles
+    from rlsys.plots import line_styles
 
     assert line_styles(["gsm0", "gsm1", "gsm2"]) == [("C0", "-"), ("C1", "-"), ("C2", "-")]
     assert line_styles(["lora0", "full0", "lora1", "full_seed1", "lora2"]) == [
