@@ -335,18 +335,22 @@ def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
     """One row per run for a table of variants x seeds: steps and steps with an update, the first/last-``window``
     means of reward, zero-variance group fraction (before dynamic sampling's filter), entropy and truncated
     fraction, under dynamic sampling the groups with signal a step of the last ``window`` (`sampling_summary`), the
-    median step time, and the held-out evaluations at the start and the end (the first and the last of eval.jsonl):
+    median step time, the step the collapse check declared a collapse at (None: never; `rlsys.collapse.replay`),
+    and the held-out evaluations at the start and the end (the first and the last of eval.jsonl):
     mean reward, every rate, and the spread of the mean reward over prompt perturbations."""
     rows = []
     for run in runs:
         _, step_s = run.series("time/step")
         sampling = sampling_summary(run, window)
+        sft = run.config.get("algo", {}).get("name") == "sft"
+        collapse = None if sft else replay(run.rows, *collapse_settings(run.config))
         evals = [{k: as_float(v) for k, v in e.items()} for e in run.evals]
         start, end = (evals[0], evals[-1]) if evals else ({}, {})
         perturbed = [v for k, v in end.items() if k.startswith("eval/") and k.count("/") == 2
                      and k.endswith("/rewards_mean") and v is not None]
         rows.append({
             "run": run.path.name, "steps": len(run.rows),
+            "collapsed_at": None if collapse is None else collapse["declared_step"],
             "updates": _updates(run.rows),
             "reward": _window_means(run, "rollout/rewards_mean", window),
             "zero_var": _window_means(run, "rollout/zero_var_group_frac", window),
@@ -394,7 +398,8 @@ def format_comparison(rows: list[dict[str, Any]], window: int, rates: list[str] 
 
     def cells(r: dict[str, Any]) -> list[str]:
         spread = r["perturbed_reward"]
-        return [r["run"], str(r["steps"]), str(r["updates"]), pair(r["reward"]), pair(r["zero_var"], ".2f"),
+        collapsed = f" (collapsed at {r['collapsed_at']})" if r.get("collapsed_at") is not None else ""
+        return [r["run"], f"{r['steps']}{collapsed}", str(r["updates"]), pair(r["reward"]), pair(r["zero_var"], ".2f"),
                 *([_fmt(r.get("groups_kept_last"), ".2f")] if sampled else []),
                 pair(r["entropy"]) + (f" (top {r['entropy_top_frac']:g})" if r.get("entropy_top_frac") else ""),
                 _fmt(r["truncated_last"], ".2f"), _fmt(r["step_s_median"], ".2f"),

@@ -335,7 +335,16 @@ def test_the_collapse_check_is_replayed_on_the_logged_steps_with_the_runs_own_se
             f"steps {max(windows)}; it needs 20 in a row or 40 of 40") in format_summary(summarize_run(load_run(run)))
     (run / "config.resolved.toml").write_text('[algo]\nname = "gspo"\ncollapse_steps = 4\n')  # 4 in a row
     assert summarize_run(load_run(run))["collapse"]["declared_step"] == 16  # steps 13-16: the first four in a row
+    # several runs: the steps cell says where the check declared it, a run that never collapsed says nothing
+    from rlsys.report import compare_runs, format_comparison
+
+    plain_dir = make_run(tmp_path / "plain")
+    rows = compare_runs([load_run(run), load_run(plain_dir)], window=10)
+    assert [r["collapsed_at"] for r in rows] == [16, None]
+    table = format_comparison(rows, 10).splitlines()
+    assert table[2].startswith("| run | 60 (collapsed at 16) | ") and table[3].startswith("| plain | 24 | ")
     (run / "config.resolved.toml").write_text('[algo]\nname = "sft"\n')
     assert summarize_run(load_run(run))["collapse"] is None
-    plain = summarize_run(load_run(make_run(tmp_path / "plain")))  # no zero-variance fraction logged
+    assert compare_runs([load_run(run)], window=10)[0]["collapsed_at"] is None
+    plain = summarize_run(load_run(plain_dir))  # no zero-variance fraction logged
     assert plain["collapse"] is None and "collapse check" not in format_summary(plain)
