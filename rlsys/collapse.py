@@ -19,7 +19,7 @@ class CollapseWatch:
 
     def __init__(self, steps: int, stop: bool, share: float = 1.0,
                  say: Callable[[str], None] | None = None) -> None:
-        self.steps, self.stop, self.streak, self.said = steps, stop, 0, False
+        self.steps, self.stop, self.streak = steps, stop, 0
         self.window: deque[bool] = deque(maxlen=2 * steps)
         self.need = math.ceil(share * self.window.maxlen - 1e-9)  # of the window, all unanimous
         self.say = say or (lambda line: print(line, flush=True))
@@ -43,9 +43,9 @@ class CollapseWatch:
         self.longest = max(self.longest, self.streak)
         self.most = max(self.most, count) if full else self.most
         by_share = full and count >= self.need
-        if self.said or not (self.streak >= self.steps or by_share):
+        if self.declared is not None or not (self.streak >= self.steps or by_share):
             return False
-        self.said, self.declared = True, self.seen
+        self.declared = self.seen
         self.how = "streak" if self.streak >= self.steps else "share"
         which = f"the last {self.steps} steps" if self.how == "streak" else \
             f"{count} of the last {len(self.window)} steps"
@@ -75,20 +75,21 @@ def replay(rows: Iterable[dict[str, Any]], steps: int = 20, share: float = 0.8) 
     ``longest`` streak of all-unanimous steps, the ``most`` of them in a window of ``2 * steps`` (None: fewer steps) and the
     ``unanimous`` steps in all. None for a run that logged no zero-variance fraction (SFT, or no groups) or
     ``steps`` 0 (the check off)."""
+    if not steps:
+        return None
     watch = CollapseWatch(steps, stop=False, share=share, say=lambda line: None)
-    declared_step, unanimous, counted = None, 0, 0
+    declared_step, unanimous = None, 0
     for row in rows:
         f = row.get("rollout/zero_var_group_frac")
-        if not isinstance(f, (int, float)) or not math.isfinite(f) or not steps:
+        if not isinstance(f, (int, float)) or not math.isfinite(f):
             continue
-        counted += 1
         unanimous += f >= 1.0
         watch.update({"rollout/zero_var_group_frac": float(f)})
         if declared_step is None and watch.declared is not None:
-            declared_step = int(row.get("step", counted - 1)) + 1
-    if not counted:
+            declared_step = int(row.get("step", watch.seen - 1)) + 1
+    if not watch.seen:
         return None
-    most = watch.most if counted >= 2 * steps else None  # no full window yet
+    most = watch.most if watch.seen >= 2 * steps else None  # no full window yet
     return {"declared_step": declared_step, "how": watch.how or None, "longest": watch.longest, "most": most,
             "window": 2 * steps, "need": watch.need, "streak_limit": steps, "unanimous": unanimous,
-            "steps": counted}
+            "steps": watch.seen}

@@ -178,20 +178,23 @@ def summarize_run(run: Run, window: int = 10) -> dict[str, Any]:
     # the environment's per-episode scalars (e.g. rates by kind of item), first vs last window
     out["episode"] = {key.removeprefix("episode/"): _window_means(run, key, window) for key in run.keys("episode/")}
     out["sampling"] = sampling_summary(run, window)
-    out["collapse"] = None if out["algo"] == "sft" else replay(run.rows, *collapse_settings(run.config))
+    out["collapse"] = collapse_reading(run)
     out["evals"] = [{"step": e.get("step"), "tag": e.get("tag"),
                      **{k.removeprefix("eval/"): as_float(v) for k, v in e.items() if is_eval_rate(k)}}
                     for e in run.evals]
     return out
 
 
-def collapse_settings(config: dict[str, Any]) -> tuple[int, float]:
-    """The run's `algo.collapse_steps` and `algo.collapse_share`; the defaults where its config predates them."""
+def collapse_reading(run: Run) -> dict[str, Any] | None:
+    """The collapse check replayed on the run's logged steps (`rlsys.collapse.replay`) with its `algo.collapse_steps`
+    and `algo.collapse_share`, the defaults where its config predates them; None for SFT (no groups)."""
     from rlsys.config import AlgoConfig
 
-    algo, fields = config.get("algo", {}), AlgoConfig.model_fields
-    return (int(algo.get("collapse_steps", fields["collapse_steps"].default)),
-            float(algo.get("collapse_share", fields["collapse_share"].default)))
+    algo, fields = run.config.get("algo", {}), AlgoConfig.model_fields
+    if algo.get("name") == "sft":
+        return None
+    return replay(run.rows, int(algo.get("collapse_steps", fields["collapse_steps"].default)),
+                  float(algo.get("collapse_share", fields["collapse_share"].default)))
 
 
 SHORT_HINT_FRAC = 0.25  # the last window's share of steps short of `rollout.batch_size` groups that prints the hint
@@ -342,8 +345,7 @@ def compare_runs(runs: list[Run], window: int = 20) -> list[dict[str, Any]]:
     for run in runs:
         _, step_s = run.series("time/step")
         sampling = sampling_summary(run, window)
-        sft = run.config.get("algo", {}).get("name") == "sft"
-        collapse = None if sft else replay(run.rows, *collapse_settings(run.config))
+        collapse = collapse_reading(run)
         evals = [{k: as_float(v) for k, v in e.items()} for e in run.evals]
         start, end = (evals[0], evals[-1]) if evals else ({}, {})
         perturbed = [v for k, v in end.items() if k.startswith("eval/") and k.count("/") == 2
