@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from rlsys.errors import UserInputError
+from rlsys.weights.fingerprint import ViewSums
 
 ADAPTER_PARTS = ("lora_A", "lora_B")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -169,6 +170,7 @@ class LoraMerge:
         self._targets: dict[str, list] = {}  # module -> [dst view, owner parameter, owner's data_ptr, base copy]
         self._plan: tuple[tuple[str, ...], list[tuple[int, int, str]]] | None = None  # the last push's names, pairs
         self.last_sums: dict[str, int] | None = None  # bit sums of the adapters last merged (a push's fingerprint)
+        self._sums = ViewSums()
 
     def kept_bytes(self) -> int:
         """Memory of the kept base copies."""
@@ -194,9 +196,7 @@ class LoraMerge:
                 torch.addmm(base, b, a, alpha=self.scale, out=dst)  # one kernel: base + scale * (B @ A)
             else:
                 dst.copy_(torch.addmm(base, b, a, alpha=self.scale))
-        from rlsys.weights.fingerprint import tensor_sums  # noqa: PLC0415
-
-        self.last_sums = tensor_sums(named)  # as received: the learner sends the engine's dtype
+        self.last_sums = self._sums(named)  # as received: the learner sends the engine's dtype
         return len(named)
 
     def _target(self, module: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,6 +280,7 @@ class LoraSlots:
         self._plan: tuple[tuple[str, ...], tuple[int, ...], list[int], list[torch.Tensor], list[torch.Tensor]] | None
         self._plan = None  # names, buffers' signature, source indices, destination views, the B views among them
         self.last_sums: dict[str, int] | None = None  # bit sums of the adapters last written (a push's fingerprint)
+        self._sums = ViewSums()
 
     def kept_bytes(self) -> int:
         """No copy of the base is kept (the slot buffers are vLLM's, counted in its weights)."""
@@ -300,9 +301,7 @@ class LoraSlots:
         torch._foreach_copy_(dsts, srcs)
         if self.scale != 1.0:
             torch._foreach_mul_(b_dsts, self.scale)
-        from rlsys.weights.fingerprint import tensor_sums  # noqa: PLC0415
-
-        self.last_sums = tensor_sums(named)  # as received, as LoraMerge
+        self.last_sums = self._sums(named)  # as received, as LoraMerge
         return len(named)
 
     def _views(self, named: list[tuple[str, torch.Tensor]]) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:

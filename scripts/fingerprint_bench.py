@@ -1,6 +1,7 @@
 """How fast can the weight fingerprint be? Ways to take the per-tensor bit sums of a Qwen2.5-0.5B-shaped push.
 
     python scripts/fingerprint_bench.py [--repeats 20] [--out FILE.json]      # a CUDA GPU; torch only, no vLLM
+    python scripts/fingerprint_bench.py --adapter [--device cpu]               # a LoRA receiver's check, any device
 
 Issue 24, item 4 wants the per-push check to cost no more than the push (5.8 ms for these shapes on an H200).
 The first fingerprint launched one int16 -> int64 reduction per tensor from Python (290 here), which measured
@@ -14,6 +15,11 @@ The first fingerprint launched one int16 -> int64 reduction per tensor from Pyth
   and a learner's buckets never move, so the capture stays valid), replayed per check;
 - flat: the tensors in one buffer at 128-element-aligned offsets (a learner's bucket is one buffer): one row-sum
   kernel over rows of 128 elements, a cumulative sum and a gather give every tensor's sum in three kernels.
+
+`--adapter` times a LoRA receiver's check instead: the 392 adapter tensors of a Qwen2.5-7B shape with r=16 on every
+projection (77 MiB in bf16), packed as the learner packs them and received as views of its buckets, summed by
+`tensor_sums` (one reduction per view, as rlsys/lora.py did) and by `ViewSums` (the views regrouped into their
+buckets once, each bucket summed flat).
 
 Each check ends with the sums on the host (`.tolist()`), as the real one does. Every way must give the eager sums
 exactly (asserted). Eager and flat are also timed accumulating in int32 (wrapping: still exact modulo 2**32), and
@@ -29,8 +35,8 @@ import time
 
 import torch
 
-from rlsys.weights.buckets import BucketPacker
-from rlsys.weights.fingerprint import WordSums, bucket_sums, tensor_sums
+from rlsys.weights.buckets import BucketPacker, unpack_bucket
+from rlsys.weights.fingerprint import ViewSums, WordSums, bucket_sums, tensor_sums
 
 ROW = 128  # the flat layout's row: divides every tensor's element count here (the smallest, k/v biases, is 128)
 
@@ -50,12 +56,24 @@ def qwen05b_shapes() -> list[tuple[str, tuple[int, ...]]]:
     return shapes + [("model.norm.weight", (h,))]
 
 
+def lora7b_shapes(rank: int = 16) -> list[tuple[str, tuple[int, ...]]]:
+    """The 392 adapter tensors (A: rank x in, B: out x rank) of a Qwen2.5-7B shape with LoRA on every projection."""
+    h, kv, inter = 3584, 512, 18944
+    dims = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (h, kv), "self_attn.v_proj": (h, kv),
+            "self_attn.o_proj": (h, h), "mlp.gate_proj": (h, inter), "mlp.up_proj": (h, inter),
+            "mlp.down_proj": (inter, h)}
+    return [(f"model.layers.{i}.{module}.lora_{part}", (rank, d_in) if part == "A" else (d_out, rank))
+            for i in range(28) for module, (d_in, d_out) in dims.items() for part in "AB"]
+
+
 def timed(fn, repeats: int) -> tuple[float, object]:
     for _ in range(2):
         out = fn()
     times = []
+    cuda = torch.cuda.is_available()
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = fn()
         times.append((time.perf_counter() - t0) * 1e3)
@@ -66,7 +84,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out")
+    p.add_argument("--adapter", action="store_true", help="a LoRA receiver's check (7B shape, r=16) instead")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
+    if args.adapter:
+        return report(adapter_views(torch.device(args.device), args.repeats), args.out)
     dev = torch.device("cuda")
     shapes = qwen05b_shapes()
     sizes = [torch.Size(s).numel() for _, s in shapes]
@@ -169,9 +191,30 @@ def main() -> int:
               "rlsys_word_sums_ms": round(engine_once_ms, 3), "rlsys_bucket_sums_ms": round(learner_ms, 3),
               "int32_equals_int64_mod_2_32": int32_agrees,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    return report(result, args.out)
+
+
+def adapter_views(dev: torch.device, repeats: int) -> dict:
+    """`tensor_sums` against `ViewSums` over the received views of a 7B r=16 adapter push (see the docstring)."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    sent = [(name, torch.randn(s, device=dev, generator=gen)) for name, s in lora7b_shapes()]  # fp32, as peft's
+    packer = BucketPacker.for_tensors(sent, device=dev, dtype=torch.bfloat16)  # the learner's cast and buckets
+    buckets = packer.pack(sent)
+    received = [view for bucket in buckets for view in unpack_bucket(bucket)]
+    per_view_ms, per_view = timed(lambda: tensor_sums(received), repeats)
+    view_sums = ViewSums()
+    regrouped_ms, regrouped = timed(lambda: view_sums(received), repeats)
+    assert per_view == regrouped == bucket_sums(buckets), "ViewSums differ from tensor_sums"
+    return {"tensors": len(received), "mib": round(sum(b.nbytes for b in buckets) / 2**20, 1),
+            "buckets": len(buckets), "repeats": repeats, "tensor_sums_ms": round(per_view_ms, 3),
+            "view_sums_ms": round(regrouped_ms, 3), "same_sums": True,
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__}
+
+
+def report(result: dict, out: str | None) -> int:
     print(json.dumps(result))
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(result, f, indent=1)
     return 0
 

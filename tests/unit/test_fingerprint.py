@@ -107,3 +107,36 @@ def test_word_sums_made_once_follow_writes_into_the_same_storage():
     assert after == tensor_sums(named) == {n: _reference(t) for n, t in named}
     assert differing(before, after) == ["k", "mid", "odd", "t"]  # the writes show in the tensors that hold them
     assert WordSums([])() == {}
+
+
+def test_view_sums_regroup_a_receivers_views_into_their_buckets():
+    """`ViewSums` (a LoRA receiver's fingerprint of what it was sent): the views of received buckets summed per
+    buffer give `tensor_sums`' integers, with views outside any bucket (a transposed one, two that overlap, a plain
+    tensor) beside them; the regrouping is kept for the same view objects and made again for new ones."""
+    from rlsys.weights.buckets import unpack_bucket
+    from rlsys.weights.fingerprint import ViewSums
+
+    torch.manual_seed(4)
+    sent = [("a", torch.randn(16, 32)), ("b", torch.randn(3, 5, dtype=torch.bfloat16)),
+            ("c", torch.randn(7, dtype=torch.bfloat16)), ("d", torch.randn(64, 16, dtype=torch.bfloat16))]
+    packer = BucketPacker.for_tensors(sent, bucket_bytes=2048, dtype=torch.bfloat16)
+    buckets = packer.pack(sent)
+    assert len(buckets) > 1
+    received = [view for bucket in buckets for view in unpack_bucket(bucket)]
+    other = torch.randn(12, 8, dtype=torch.bfloat16)
+    extra = [("t", other.t()), ("o1", other[0:4]), ("o2", other[2:6]), ("i", torch.arange(5))]  # o1, o2 overlap
+    named = received + extra
+    sums = ViewSums()
+    first = sums(named)
+    assert first == tensor_sums(named) == {n: _reference(t) for n, t in named}
+    assert {n: first[n] for n, _ in sent} == bucket_sums(buckets)  # the receiver's sums are the sender's
+    kept = sums._buckets
+    received[3][1][5, 7] += 1.0  # a write into d's bytes: read at call time, through the kept regrouping
+    again = sums(list(named))
+    assert sums._buckets is kept
+    assert differing(first, again) == ["d"]
+    renamed = [("z" if n == "a" else n, t) for n, t in named]
+    assert set(sums(renamed)) == {n for n, _ in renamed} and sums._buckets is not kept  # new names: regrouped
+    fresh = [(n, t.clone()) for n, t in named]  # new tensors, each its own storage
+    assert sums(fresh) == tensor_sums(fresh) == again
+    assert ViewSums()([]) == {}
