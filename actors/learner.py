@@ -163,6 +163,7 @@ class Learner:
         self.optimizer_steps = 0
         self._packer: BucketPacker | None = None
         self._fused_pack = None  # FusedPack over the packer, made by the first export
+        self._pushed_list: list[tuple[str, torch.Tensor]] | None = None  # `_pushed`, listed by its first call
         self._transports: list[Any] = []  # the WeightTransports this rank exports by (`open_transports`)
         self._bucket_bytes = DEFAULT_BUCKET_BYTES
         self._exported: list[Any] = []  # the buckets of the last `export_weights`, for `send_weights`
@@ -601,12 +602,17 @@ class Learner:
 
     def _pushed(self) -> list[tuple[str, torch.Tensor]]:
         """What a push carries: every parameter by its HF name, or with LoRA only the adapters
-        (`<module>.lora_A` / `.lora_B`, rlsys/lora.py `adapter_tensors`)."""
-        if self.lora is not None:
-            from rlsys.lora import adapter_tensors
+        (`<module>.lora_A` / `.lora_B`, rlsys/lora.py `adapter_tensors`). Listed once: the parameters are made in
+        `__init__` and only ever written in place (steps, `load_state`), and walking a 7B peft model's 731
+        parameters for its 392 adapters took 3.9 ms a push (CPU, meta tensors)."""
+        if self._pushed_list is None:
+            if self.lora is not None:
+                from rlsys.lora import adapter_tensors
 
-            return adapter_tensors(self.model)
-        return list(self.model.named_parameters())
+                self._pushed_list = adapter_tensors(self.model)
+            else:
+                self._pushed_list = list(self.model.named_parameters())
+        return self._pushed_list
 
     def trainable_names(self) -> list[str]:
         """Names (as `named_weights` gives them) of the parameters the optimizer updates."""
