@@ -81,21 +81,31 @@ class WordSums:
         return _to_host([(self.names, torch.stack(sums))])
 
 
-def _bucket_parts(bucket: WeightBucket) -> list[tuple[list[str], torch.Tensor]]:
-    """The sums of a bucket's tensors: those of whole 256-byte rows in three kernels over its buffer (64-word row
-    sums, their running sum, a gather at the tensors' bounds), any other one reduction each."""
+def _row_plan(bucket: WeightBucket) -> tuple[list[str], torch.Tensor | None, list[TensorMeta]]:
+    """How `_bucket_parts` sums a bucket: the names of its tensors on whole 256-byte rows with their (start, end)
+    rows on the buffer's device, and the other tensors' metas."""
     rows = bucket.buffer.numel() // ALIGN_BYTES
     whole, rest = [], []
     for m in bucket.metas:
         on_rows = rows and m.offset % ALIGN_BYTES == 0 and m.nbytes % ALIGN_BYTES == 0
         (whole if on_rows else rest).append(m)
+    bounds = (torch.tensor([[m.offset // ALIGN_BYTES, m.end // ALIGN_BYTES] for m in whole],
+                           device=bucket.buffer.device) if whole else None)
+    return [m.name for m in whole], bounds, rest
+
+
+def _bucket_parts(bucket: WeightBucket, plan: tuple | None = None) -> list[tuple[list[str], torch.Tensor]]:
+    """The sums of a bucket's tensors: those of whole 256-byte rows in three kernels over its buffer (64-word row
+    sums, their running sum, a gather at the tensors' bounds), any other one reduction each. ``plan``: the bucket's
+    `_row_plan`, when kept from an earlier call."""
+    names, bounds, rest = plan or _row_plan(bucket)
     parts = []
-    if whole:
+    if names:
+        rows = bucket.buffer.numel() // ALIGN_BYTES
         words = bucket.buffer[: rows * ALIGN_BYTES].view(torch.int32).view(rows, _ROW_WORDS)
         running = torch.zeros(rows + 1, dtype=torch.int32, device=words.device)
         torch.cumsum(words.sum(1, dtype=torch.int32), 0, dtype=torch.int32, out=running[1:])
-        bounds = torch.tensor([[m.offset // ALIGN_BYTES, m.end // ALIGN_BYTES] for m in whole], device=words.device)
-        parts.append(([m.name for m in whole], running[bounds[:, 1]] - running[bounds[:, 0]]))
+        parts.append((names, running[bounds[:, 1]] - running[bounds[:, 0]]))
     for m in rest:
         tensor = bucket.buffer[m.offset : m.end].view(m.dtype)
         parts.append(([m.name], _integers(tensor).sum(dtype=torch.int32)))
@@ -119,7 +129,7 @@ class ViewSums:
 
     def __init__(self) -> None:
         self._named: list[tuple[str, torch.Tensor]] = []
-        self._buckets: list[WeightBucket] = []
+        self._buckets: list[tuple[WeightBucket, tuple]] = []  # each with its `_row_plan`
         self._rest: list[tuple[str, torch.Tensor]] = []
 
     def __call__(self, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
@@ -127,8 +137,9 @@ class ViewSums:
         if len(named) != len(self._named) or any(
                 n is not m and n != m or t is not u for (n, t), (m, u) in zip(named, self._named)):
             self._named = named
-            self._buckets, self._rest = _regroup(named)
-        parts = [part for bucket in self._buckets for part in _bucket_parts(bucket)]
+            buckets, self._rest = _regroup(named)
+            self._buckets = [(bucket, _row_plan(bucket)) for bucket in buckets]
+        parts = [part for bucket, plan in self._buckets for part in _bucket_parts(bucket, plan)]
         parts += [([name], _integers(tensor).sum(dtype=torch.int32)) for name, tensor in self._rest]
         return _to_host(parts)
 
