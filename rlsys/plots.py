@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlsys.report import PHASES, Run, as_float, entropy_top_frac, label_order, moving_mean, outcome_order
+from rlsys.envs.base import label_order
+from rlsys.report import PHASES, Run, as_float, entropy_top_frac, moving_mean, outcome_order
 
 # error-table colours: failures grey/red/orange, legal moves blue to green (unknown labels: matplotlib's cycle)
 ERROR_COLORS = {"no_tool_call": "#8c8c8c", "parse_error": "#d62728", "occupied": "#ff7f0e", "out_of_range": "#bcbd22",

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlsys.collapse import replay
+from rlsys.envs.base import label_order
 
 if TYPE_CHECKING:
     from rlsys.envs.base import Environment
@@ -443,10 +444,6 @@ def outcome_order(config: dict[str, Any]) -> tuple[str, ...]:
     here: labels then sort by name."""
     env = run_environment(config)
     return env.outcomes if env is not None else ()
-
-
-def label_order(label: str, outcomes: tuple[str, ...]) -> tuple[int, str]:
-    return (outcomes.index(label) if label in outcomes else len(outcomes), label)
 
 
 def moving_mean(ys: list[float], k: int) -> list[float]:

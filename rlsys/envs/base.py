@@ -115,7 +115,13 @@ class Environment:
 
     def label_order(self, label: str) -> tuple[int, str]:
         """Sort key of an error-table label: `outcomes` order, other labels (failures) after, by name."""
-        return (self.outcomes.index(label) if label in self.outcomes else len(self.outcomes), label)
+        return label_order(label, self.outcomes)
+
+
+def label_order(label: str, outcomes: tuple[str, ...]) -> tuple[int, str]:
+    """Sort key of an error-table label under an environment's ``outcomes``: their order, other labels (failures)
+    after, by name (`rlsys report` sorts a run's table by the outcomes its summary recorded)."""
+    return (outcomes.index(label) if label in outcomes else len(outcomes), label)
 
 
 def by_outcomes(summarize: Callable[[list[str]], dict[str, float]]) -> Summary:
