@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import os
 import secrets
 import time
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 
 from rlsys.config import RolloutConfig
-from rlsys.engines import SamplingParams, make_engine
+from rlsys.engines import SamplingParams, make_engine, resolve_engine_kind
 from rlsys.errors import UserInputError
 from rlsys.proxy.sessions import SessionRecord, SessionRecorder
 from rlsys.weights.transport import make_transport
@@ -46,14 +45,6 @@ class EngineSettings:
     lora: Any = None  # learner.lora (LoraConfig) when on: pushes are adapters, merged or served as `lora.serve` says
 
 
-def resolve_engine_kind(kind: str) -> str:
-    """`rollout.engine` (``kind``), with `auto` = vLLM when this process sees CUDA and vLLM is installed."""
-    if kind == "auto":
-        has_vllm = importlib.util.find_spec("vllm") is not None
-        kind = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
-    return kind
-
-
 def engine_dtype(dtype: str) -> str:
     """vLLM's dtype from `model.dtype` (`auto` = bfloat16 on the GPU, as the learner)."""
     return "bfloat16" if dtype == "auto" else dtype
@@ -63,7 +54,7 @@ def build_engine(cfg: EngineSettings, model_path: str, process_context: Any = No
     """The engine `rollout.engine` asks for; vLLM's memory share comes from `rollout.gpu_memory_budget_gib`,
     its engine-core process from ``process_context`` (`start_engine_core_server`) when given."""
     r = cfg.rollout
-    kind = resolve_engine_kind(r.engine)
+    kind = resolve_engine_kind(r.engine, torch.cuda.is_available)
     if kind == "vllm":
         return make_engine("vllm", model_path, max_batch_size=r.engine_max_batch, seed=cfg.seed,
                            dtype=engine_dtype(cfg.dtype), gpu_memory_utilization=engine_memory_fraction(cfg),
@@ -169,7 +160,7 @@ class RolloutWorker:
     async def start(self) -> dict[str, Any]:
         """Build the engine and start the proxy inside this event loop; returns how agents reach it."""
         began = time.time()
-        self._engine_kind = resolve_engine_kind(self.cfg.rollout.engine)
+        self._engine_kind = resolve_engine_kind(self.cfg.rollout.engine, torch.cuda.is_available)
         process_context = None
         if self._engine_kind == "vllm":
             from rlsys.engines.vllm_engine import export_ray_address, model_architectures, start_engine_core_server

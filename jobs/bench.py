@@ -506,14 +506,16 @@ def first_prompts(env: Environment, items: list[dict[str, Any]], tokenizer: Any)
 
 def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
     import ray
+    import torch
     from transformers import AutoTokenizer
 
-    from actors.rollout import RolloutWorker, resolve_engine_kind
+    from actors.rollout import RolloutWorker
     from jobs.episodes import agent_calls, run_episodes
     from jobs.items import load_items
     from jobs.placement import engine_settings, gpu_actor_env, make_env_workers
     from jobs.session import init_ray
     from rlsys.config import load_config
+    from rlsys.engines import resolve_engine_kind
     from rlsys.models.resolve import resolve_model
 
     flags = {"--ckpt": model_ckpt(args.model, Path(args.cache))} if args.model else {}
@@ -586,7 +588,7 @@ def bench_proxy(args: argparse.Namespace) -> dict[str, Any]:
         first = next(iter(by_workers.values()))
         return {
             "model": cfg.model.ckpt,
-            "engine": resolve_engine_kind(cfg.rollout.engine) if not gpus else "vllm (auto, GPU)",
+            "engine": resolve_engine_kind(cfg.rollout.engine, torch.cuda.is_available) if not gpus else "vllm (auto, GPU)",
             "engine_start_s": engine_start_s, "prompts": len(prompts), "n_samples": r.n_samples,
             "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
             "prompt_tokens": statistics.fmean(len(p) for p in prompts), "prompts_match": sent == prompts[0],

@@ -45,16 +45,12 @@ def preflight(cfg: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def engine_is_vllm(cfg: Config) -> bool:
-    """Whether the job's engine is vLLM, as this machine tells: `rollout.engine` vllm, or auto where vLLM is installed
-    and NVML sees a GPU here (the rollout actor's rule, actors/rollout.py `resolve_engine_kind`, without importing
-    torch). The transformers engine ignores vLLM's settings (`rollout.kv_cache_gib`)."""
-    if cfg.rollout.engine != "auto":
-        return cfg.rollout.engine == "vllm"
-    import importlib.util
-
+    """Whether the job's engine is vLLM, as this machine tells (`resolve_engine_kind` with NVML for the GPU: the driver
+    does not import torch). The transformers engine ignores vLLM's settings (`rollout.kv_cache_gib`)."""
+    from rlsys.engines import resolve_engine_kind
     from rlsys.memory import device_total_bytes_nvml
 
-    return importlib.util.find_spec("vllm") is not None and device_total_bytes_nvml() is not None
+    return resolve_engine_kind(cfg.rollout.engine, lambda: device_total_bytes_nvml() is not None) == "vllm"
 
 
 def check_kv_cache(cfg: Config) -> None:

@@ -5,6 +5,8 @@ machine without vLLM (CPU, CI) and must not pay for importing transformers until
 """
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 from rlsys.engines.base import Engine, GenerateOutput, SamplingParams
@@ -29,4 +31,13 @@ def make_engine(kind: str, /, *args: Any, **kwargs: Any) -> Engine:
     raise ValueError(f"unknown engine kind {kind!r}; expected one of {list(ENGINE_KINDS)}")
 
 
-__all__ = ["ENGINE_KINDS", "Engine", "GenerateOutput", "SamplingParams", "make_engine"]
+def resolve_engine_kind(kind: str, gpu_visible: Callable[[], bool]) -> str:
+    """`rollout.engine` (``kind``), with `auto` = vLLM where vLLM is installed and ``gpu_visible()`` says the
+    process sees a GPU, else transformers. The rollout actor asks torch (`torch.cuda.is_available`); the driver's
+    checks, which do not import torch, ask NVML."""
+    if kind != "auto":
+        return kind
+    return "vllm" if importlib.util.find_spec("vllm") is not None and gpu_visible() else "transformers"
+
+
+__all__ = ["ENGINE_KINDS", "Engine", "GenerateOutput", "SamplingParams", "make_engine", "resolve_engine_kind"]
