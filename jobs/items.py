@@ -118,13 +118,27 @@ def measured_prompt_tokens(cfg: Config, model_path: str, items: list[dict[str, A
     env = cfg.env.environment()
     if env.first_request is None or cfg.algo.name == "sft":
         return None
-    from jobs.bench import first_prompts
-
     tokenizer = prompt_tokenizer(model_path)
     if items is None:
         items = load_items(cfg.data.model_copy(update={"num_items": min(cfg.data.num_items, MEASURED_ITEMS)}),
                            cfg.algo.name, env)
     return max(len(p) for p in first_prompts(env, items[:MEASURED_ITEMS], tokenizer))
+
+
+def first_prompts(env: Environment, items: list[dict[str, Any]], tokenizer: Any) -> list[list[int]]:
+    """The prompt ids the proxy renders for the environment's first request on each item
+    (`Environment.first_request`; ValueError where the environment does not say what it is)."""
+    from rlsys.proxy.schema import ChatCompletionRequest, template_messages, template_tools
+
+    if env.first_request is None:
+        raise ValueError(f"environment {env.name!r} does not give its first request (Environment.first_request)")
+    out = []
+    for item in items:
+        req = ChatCompletionRequest.model_validate({"model": "m", **env.first_request(item)})
+        ids = tokenizer.apply_chat_template(template_messages(req), tools=template_tools(req),
+                                            add_generation_prompt=True, tokenize=True, return_dict=False)
+        out.append([int(i) for i in (ids["input_ids"] if isinstance(ids, dict) else ids)])
+    return out
 
 
 def prompt_tokenizer(model_path: str) -> Any:

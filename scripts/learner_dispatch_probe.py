@@ -38,7 +38,7 @@ def narrow_model(cache: Path) -> Path:
     """An HF folder: the narrow 24-layer Qwen2 with the tiny model's tokenizer (built once)."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from jobs.bench import model_folder
+    from jobs.bench_models import model_folder
 
     out = cache / "qwen24-narrow"
     if (out / "config.json").is_file():

@@ -31,7 +31,7 @@ async def bench(args: argparse.Namespace) -> dict:
     import torch
 
     from actors.learner import Learner
-    from jobs.bench import model_folder
+    from jobs.bench_models import model_folder
     from jobs.placement import learner_settings
     from jobs.weight_sync import canary_sequence
     from rlsys.config import load_config

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from actors.learner import Learner
-    from jobs.bench import model_folder
+    from jobs.bench_models import model_folder
     from jobs.placement import learner_settings
     from rlsys.config import load_config
 

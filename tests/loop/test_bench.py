@@ -92,7 +92,7 @@ def test_bench_proxy_cpu_measures_the_servers_cpu_per_request(tmp_path, capsys):
 
 
 def test_random_reward_is_deterministic_and_spread():
-    from jobs.bench import random_reward
+    from jobs.bench_step import random_reward
 
     values = [random_reward({"output": {"content": f"move {k}"}}) for k in range(50)]
     assert all(-1.0 <= v <= 1.0 for v in values) and len(set(values)) == 50

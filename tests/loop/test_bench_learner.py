@@ -10,7 +10,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_synthetic_batches_have_the_job_shape_and_an_advantage_everywhere():
-    from jobs.bench import synthetic_batch
+    from jobs.bench_learner import synthetic_batch
 
     batch = synthetic_batch(3, 4, 10, (5, 50), vocab=100, seed=0)
     assert len(batch) == 12 and [t.group for t in batch[:3]] == [0, 1, 2]  # groups interleaved, as sampled

@@ -27,7 +27,7 @@ def test_compare_lists_each_run_with_throughput_multiples_of_the_first(capsys):
 
 
 def test_compare_shows_per_gpu_peaks_and_layout_when_recorded(tmp_path):
-    from jobs.bench import compare_table
+    from jobs.bench_step import compare_table
 
     run = json.loads((DATA / "bench-step-auto.json").read_text())
     run.update(layout={"world_size": 2, "tp_size": 1}, gpu_peak_gib=[31.25, 30.5])

@@ -275,7 +275,7 @@ def test_importing_rlsys_and_its_environment_interface_loads_no_ray_vllm_or_envi
 def test_tune_measures_prompts_of_a_single_request_environment_only():
     from transformers import AutoTokenizer
 
-    from jobs.bench import first_prompts
+    from jobs.items import first_prompts
     from jobs.tune import measured_prompt_tokens
     from rlsys.config import load_config
     from rlsys.models.tiny import ensure_tiny_model

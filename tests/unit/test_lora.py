@@ -550,7 +550,7 @@ def test_lora_with_gradient_checkpointing_trains_the_adapters(tmp_path, tiny_mod
 
 
 def test_keep_awake_auto_counts_the_engines_kept_base_copy(tmp_path):
-    from jobs.bench import QWEN7B_SIZES
+    from jobs.bench_models import QWEN7B_SIZES
     from jobs.engine_group import AWAKE_DEVICE_SHARE, choose_sleep_level
     from rlsys.memory import GIB, job_estimate
 
