@@ -34,92 +34,28 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from actors.learner_rows import Row, collate, micro_batches, pad_stack, resolve_trajectories, split_rows, weights_digest
+from actors.learner_setup import (LearnerSettings, MemoryProbe, apply_memory_budget, load_reference, lr_lambda,
+                                  make_optimizer, pick_device, release_cached_memory, resolve_dtype)
 from rlsys.algos import (EntropyController, GRPOConfig, GSPOConfig, RegularizerConfig, decayed_kl_coef,
                          group_advantages, grpo_loss, gspo_loss, masked_mean, regularizer_loss, sft_loss,
                          token_entropy, token_logprobs, top_entropy_mask)
-from rlsys.config import AlgoConfig, LearnerConfig, ModelConfig
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported, tokens_saved)
 from rlsys.sampling import training_reward
 from rlsys.types import Segment, Trajectory
-from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES, BucketPacker
+from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES
+from rlsys.weights.sender import BucketSender
 
 
 LEARNER_STATE = "learner_state.pt"
 TOKEN_MEAN_METRICS = ("train/entropy", "train/kl_ref")  # averaged over a minibatch's sampled tokens, not sequences
-
-
-@dataclass
-class _Row:
-    """One training sequence: a segment of a trajectory and the trajectory's advantage."""
-
-    segment: Segment
-    advantage: float  # the trajectory's advantage, divided among its segments (see `_policy_rows`)
-    group: int
-    weight: float = 1.0  # 1 / number of training segments of its trajectory
-
-
-@dataclass(frozen=True)
-class LearnerSettings:
-    """What a learner rank reads of the job's config (jobs/placement.py `learner_settings` takes it from one)."""
-
-    model: ModelConfig
-    learner: LearnerConfig
-    algo: AlgoConfig
-    seed: int = 0
-    max_steps: int = 1  # the job's steps: the lr schedule spans max_steps * algo.n_minibatches optimizer steps
-    budget_gib: float | None = None  # rollout.gpu_memory_budget_gib
-    memory: Any = None  # its learner/engine split (rlsys.memory.BudgetSplit), None without a budget
-
-
-def pick_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def make_optimizer(params: list[torch.nn.Parameter], lc: LearnerConfig, device: torch.device) -> torch.optim.Optimizer:
-    if lc.adam_8bit:
-        if device.type != "cuda":
-            raise RuntimeError("learner.adam_8bit needs CUDA (bitsandbytes' 8-bit states live on the GPU); "
-                               "drop --adam-8bit on CPU")
-        try:
-            import bitsandbytes as bnb
-        except ImportError as err:
-            raise RuntimeError(f"learner.adam_8bit: bitsandbytes is not importable ({err}); pip install 'rlsys[gpu]'") from None
-        return bnb.optim.AdamW8bit(params, lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay)
-    return torch.optim.AdamW(params, lr=lc.lr, betas=lc.betas, weight_decay=lc.weight_decay,
-                             foreach=device.type == "cuda")
-
-
-def lr_lambda(lc: LearnerConfig, optimizer_steps: int):
-    """The lr factor per optimizer step: `learner.warmup_steps` of warm-up, then `learner.lr_schedule` over the
-    job's ``optimizer_steps``."""
-    total = max(1, optimizer_steps)
-    warm, kind = lc.warmup_steps, lc.lr_schedule
-
-    def f(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, total - warm))
-        if kind == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        if kind == "linear":
-            return 1.0 - progress
-        return 1.0
-
-    return f
-
 
 class Learner:
     def __init__(self, cfg: LearnerSettings, model_path: str, *, num_threads: int | None = None) -> None:
@@ -161,12 +97,10 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.learner, cfg.max_steps * cfg.algo.n_minibatches))
         self.optimizer_steps = 0
-        self._packer: BucketPacker | None = None
-        self._fused_pack = None  # FusedPack over the packer, made by the first export
+        # fp32 masters, and LoRA's float32 adapters -> the engine's dtype: the merge then casts nothing per layer
+        cast = self.dtype if self.param_dtype != self.dtype or self.lora is not None else None
+        self.sender = BucketSender(self.device, cast)  # the push's buckets and transports (`export_weights`)
         self._pushed_list: list[tuple[str, torch.Tensor]] | None = None  # `_pushed`, listed by its first call
-        self._transports: list[Any] = []  # the WeightTransports this rank exports by (`open_transports`)
-        self._bucket_bytes = DEFAULT_BUCKET_BYTES
-        self._exported: list[Any] = []  # the buckets of the last `export_weights`, for `send_weights`
         low, high = cfg.algo.clip_eps()
         self._gspo = GSPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
         self._grpo = GRPOConfig(clip_eps_low=low, clip_eps_high=high, tis_cap=cfg.algo.tis_cap)
@@ -247,7 +181,7 @@ class Learner:
         Besides the losses: `time/learner_fetch` (trajectories out of the object store), `time/learner_compute`
         (everything after, GPU work finished), and on a GPU the memory of this call (`mem/*`, GiB)."""
         t0 = time.perf_counter()
-        trajs = _resolve(trajectories)
+        trajs = resolve_trajectories(trajectories)
         t1 = time.perf_counter()
         probe = MemoryProbe(self.device)
         with self.autocast():
@@ -263,7 +197,7 @@ class Learner:
 
     def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
         if self.cfg.algo.name == "sft":
-            rows = [_Row(seg, 1.0, t.group) for t in trajs if not t.failed for seg in t.segments if seg.num_sampled]
+            rows = [Row(seg, 1.0, t.group) for t in trajs if not t.failed for seg in t.segments if seg.num_sampled]
             adv_metrics: dict[str, float] = {}
         else:
             rows, adv_metrics = self._policy_rows(trajs)
@@ -275,7 +209,7 @@ class Learner:
         if self.cfg.algo.kl_decay is not None:  # the schedule follows the optimizer steps (a resume restores them)
             self._reg = replace(self._reg, kl_coef=decayed_kl_coef(self.cfg.algo.kl_coef, self.cfg.algo.kl_decay,
                                                                    self.optimizer_steps))
-        chunks = _split(rows, self.cfg.algo.n_minibatches)
+        chunks = split_rows(rows, self.cfg.algo.n_minibatches)
         self._last_trained: list[Segment] = []
         self._tokens = [0, 0]
         self._padding = [0, 0]
@@ -343,7 +277,7 @@ class Learner:
         self._entropy_ctl.update(entropy)
         self._reg = replace(self._reg, entropy_coef=self._entropy_ctl.active)
 
-    def _report_nonfinite(self, chunk: list[_Row], gnorm: float, loss: float) -> None:
+    def _report_nonfinite(self, chunk: list[Row], gnorm: float, loss: float) -> None:
         """One log line on a skipped optimizer step: which parameters got a non-finite gradient, and the lengths
         of the rows (a cause found this way: an attention kernel's NaN at some lengths, `learner.cudnn_attention`)."""
         bad = [name for name, p in self.model.named_parameters()
@@ -353,7 +287,7 @@ class Learner:
               f"non-finite gradient (first: {', '.join(bad[:3]) or 'none'}); row lengths {lengths[0]}..{lengths[-1]} "
               f"({sum(n % 128 == 64 for n in lengths)} of {len(lengths)} distinct lengths are 64 mod 128)", flush=True)
 
-    def _policy_rows(self, trajs: list[Trajectory]) -> tuple[list[_Row], dict[str, float]]:
+    def _policy_rows(self, trajs: list[Trajectory]) -> tuple[list[Row], dict[str, float]]:
         penalty = self.cfg.algo.truncated_penalty  # cut-off answers: less reward (rlsys/sampling.py)
         rewards = torch.tensor([training_reward(t, penalty) if not t.failed else 0.0 for t in trajs],
                                dtype=torch.float32)  # (N,)
@@ -374,10 +308,10 @@ class Learner:
         rows = []
         for i, t in enumerate(trajs):
             segments = [seg for seg in t.segments if seg.num_sampled] if bool(valid[i]) else []
-            rows += [_Row(seg, float(adv[i]) / len(segments), t.group, 1.0 / len(segments)) for seg in segments]
+            rows += [Row(seg, float(adv[i]) / len(segments), t.group, 1.0 / len(segments)) for seg in segments]
         return rows, metrics
 
-    def _minibatch(self, chunk: list[_Row], logp_old: dict[int, torch.Tensor] | None, first: bool) -> dict[str, float]:
+    def _minibatch(self, chunk: list[Row], logp_old: dict[int, torch.Tensor] | None, first: bool) -> dict[str, float]:
         """Forward/backward over micro-batches of one optimizer step; returns averaged metrics + grad norm."""
         algo = self.cfg.algo.name
         frac = self.cfg.algo.top_entropy_frac  # the loss on the highest-entropy share of the sampled tokens only
@@ -397,7 +331,7 @@ class Learner:
         loss_sum = 0.0
         for index, micro in enumerate(self._micro_batches(active)):
             self._micro += 1
-            batch = _collate(micro, self.pad_id, self.device)
+            batch = collate(micro, self.pad_id, self.device)
             self._padding[0] += batch["input_ids"].numel() - sum(len(r.segment.input_ids) for r in micro)
             self._padding[1] += batch["input_ids"].numel()
             targets = batch["input_ids"][:, 1:]  # (B, T-1)
@@ -417,7 +351,7 @@ class Learner:
                                                          else "no_grad")  # (B, T-1) each
                 rollout_lp = batch["rollout_logprobs"][:, 1:]  # (B, T-1)
                 if logp_old is not None:  # decoupled, recomputed before the first of several optimizer steps
-                    old = _pad_stack([logp_old[id(r)] for r in micro], self.device)[:, : targets.shape[1]]
+                    old = pad_stack([logp_old[id(r)] for r in micro], self.device)[:, : targets.shape[1]]
                     tis_ref = rollout_lp
                 elif self.cfg.algo.logp_mode == "decoupled":  # one optimizer step: this forward is logp_old
                     old, tis_ref = logp_new.detach(), rollout_lp
@@ -469,9 +403,9 @@ class Learner:
         return stats
 
     @torch.no_grad()
-    def _logp_diff(self, micro: list[_Row]) -> dict[str, float]:
+    def _logp_diff(self, micro: list[Row]) -> dict[str, float]:
         """|engine sampling logprob - learner logprob| and the policy's entropy over the sampled tokens of ``micro``."""
-        batch = _collate(micro, self.pad_id, self.device)
+        batch = collate(micro, self.pad_id, self.device)
         lp, entropy = self._token_logprobs(micro, batch, entropy="no_grad")  # (B, T-1) each
         mask = batch["loss_mask"][:, 1:]
         diff = (batch["rollout_logprobs"][:, 1:] - lp).abs() * mask
@@ -479,18 +413,18 @@ class Learner:
                 "train/entropy": float(masked_mean(entropy, mask))}
 
     @torch.no_grad()
-    def _recompute_old_logprobs(self, rows: list[_Row]) -> dict[int, torch.Tensor]:
+    def _recompute_old_logprobs(self, rows: list[Row]) -> dict[int, torch.Tensor]:
         self.model.eval()
         out = {}
         for micro in self._micro_batches(self._by_prompt(rows)):
-            batch = _collate(micro, self.pad_id, self.device)
+            batch = collate(micro, self.pad_id, self.device)
             lp = self._token_logprobs(micro, batch)  # (B, T-1)
             for r, row_lp in zip(micro, lp):
                 out[id(r)] = row_lp
         self.model.train()
         return out
 
-    def _token_logprobs(self, micro: list[_Row], batch: dict[str, torch.Tensor], entropy: EntropyMode = None,
+    def _token_logprobs(self, micro: list[Row], batch: dict[str, torch.Tensor], entropy: EntropyMode = None,
                         model: torch.nn.Module | None = None) -> Any:
         """(B, T-1) logprobs of each row's tokens (loss-masked ones exact), shared prompts run once if on; with
         `entropy`, a pair (logprobs, entropies). `model` defaults to the policy (the reference passes its own)."""
@@ -508,7 +442,7 @@ class Learner:
         return shared_token_logprobs(model, ids, attn, groups, entropy, common=self.common_prefix_pass)
 
     @torch.no_grad()
-    def _ref_logprobs(self, micro: list[_Row], batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def _ref_logprobs(self, micro: list[Row], batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """(B, T-1) logprobs of the frozen reference (None without `algo.kl_coef`): same path as the policy's."""
         if self.cfg.algo.kl_coef and self.peft_model is not None:  # LoRA: the base is the reference
             with self.peft_model.disable_adapter():
@@ -517,10 +451,10 @@ class Learner:
             return None
         return self._token_logprobs(micro, batch, model=self.ref_model).float()
 
-    def _micro_batches(self, rows: list[_Row]) -> list[list[_Row]]:
+    def _micro_batches(self, rows: list[Row]) -> list[list[Row]]:
         return micro_batches(rows, self.cfg.learner.mini_bs, self.cfg.learner.micro_batch_tokens)
 
-    def _by_prompt(self, rows: list[_Row]) -> list[_Row]:
+    def _by_prompt(self, rows: list[Row]) -> list[Row]:
         """Rows that share a prompt next to each other, shorter first (`rlsys.prefix.group_order`): with prefix
         sharing they share a micro-batch's prompt forward, and either way the micro-batches pad less."""
         if not (self.prefix_sharing or self.cfg.learner.length_order):
@@ -534,42 +468,18 @@ class Learner:
         """The transports this rank exports by (rlsys.weights.transport `WeightTransport`s, from the job's route plan:
         rlsys/weights/routes.py), given once at job start and kept for the learner's lifetime: cuda_ipc makes each
         buffer's handle once, collective keeps its joined group. ``bucket_bytes``: the buckets' size."""
-        self._transports = list(transports)
-        self._bucket_bytes = bucket_bytes
+        self.sender.open(transports, bucket_bytes)
 
-    @torch.no_grad()
     def export_weights(self) -> Any:
-        """Parameters packed into reusable buckets (allocated on the first call, refilled afterwards), turned into
-        each opened transport's payload: a tuple of them in `open_transports` order, or the payload itself when
-        there is one transport."""
-        from rlsys.weights.transport import FusedPack
+        """What a push carries (`_pushed`) packed into reusable buckets (allocated on the first call, refilled
+        afterwards), turned into each opened transport's payload: a tuple of them in `open_transports` order, or the
+        payload itself when there is one transport (rlsys/weights/sender.py)."""
+        return self.sender.export(self._pushed())
 
-        if not self._transports:
-            raise RuntimeError("export_weights: no transport opened; call open_transports first")
-        named = self._pushed()
-        self._bucket_packer(self._bucket_bytes, named)
-        if self._fused_pack is None:
-            self._fused_pack = FusedPack(self._packer, named)  # packs the first push itself
-            buckets = self._fused_pack.buckets
-        else:
-            buckets = self._fused_pack.pack(named)  # one fused copy into the reused buffers
-        self._exported = buckets
-        payloads = [transport.export(buckets) for transport in self._transports]
-        return payloads[0] if len(payloads) == 1 else tuple(payloads)
-
-    @torch.no_grad()
     def send_weights(self) -> None:
         """After `export_weights`, while the engines load: what the transports send beside their payloads (the
         collective's broadcasts; nothing for the others)."""
-        for transport in self._transports:
-            transport.send(self._exported)
-
-    def _bucket_packer(self, bucket_bytes: int, named: list[tuple[str, torch.Tensor]]) -> BucketPacker:
-        if self._packer is None:
-            # fp32 masters, and LoRA's float32 adapters -> the engine's dtype: the merge then casts nothing per layer
-            cast = self.dtype if self.param_dtype != self.dtype or self.lora is not None else None
-            self._packer = BucketPacker.for_tensors(named, bucket_bytes=bucket_bytes, device=self.device, dtype=cast)
-        return self._packer
+        self.sender.send()
 
     def device_where(self) -> dict[str, Any]:
         """Where this rank's weights live: node, Ray's GPU ids, whether on CUDA and the GPU's uuid (the driver's
@@ -588,13 +498,10 @@ class Learner:
         if self.device.type == "cuda":
             torch.cuda.ipc_collect()
 
-    @torch.no_grad()
     def weights_fingerprint(self) -> dict[str, int] | None:
         """{tensor name: exact sum of its bits} over the buckets of the last `export_weights`, the very bytes the
         engines were sent (rlsys/weights/fingerprint.py); None before the first export."""
-        from rlsys.weights.fingerprint import bucket_sums
-
-        return bucket_sums(self._exported) if self._exported else None
+        return self.sender.fingerprint()
 
     def num_parameters(self) -> int:
         """How many tensors a push carries (tied weights once; with LoRA, the adapters' A and B matrices)."""
@@ -694,146 +601,3 @@ class Learner:
         import ray
 
         return ray.get_runtime_context().get_node_id()
-
-
-def load_reference(model: ModelConfig, kl_coef: float, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """The frozen reference policy of `algo.kl_coef`: the initial model `model.ckpt` (resolved as the job did, so
-    a resumed job, whose policy starts from a checkpoint, still compares against the model the run started from),
-    in the compute dtype (bf16 on a GPU, no fp32 masters), eval mode, no gradients."""
-    from transformers import AutoModelForCausalLM
-
-    from rlsys.models.resolve import resolve_model
-
-    path = resolve_model(model.ckpt)
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=model.trust_remote_code)
-    ref = ref.to(device).eval()
-    ref.requires_grad_(False)
-    print(f"rlsys: KL reference (algo.kl_coef={kl_coef}) loaded from {path}", flush=True)
-    return ref
-
-
-# --- GPU memory ----------------------------------------------------------------------------------
-def apply_memory_budget(split: Any, budget_gib: float | None, device: torch.device) -> float | None:
-    """With `rollout.gpu_memory_budget_gib` (``budget_gib``) on a GPU: cap this process's torch allocator at the
-    learner's share of the budget (``split``: `rlsys.memory.budget_split`; vLLM sizes itself from the rest).
-    Returns the fraction set."""
-    if device.type != "cuda" or budget_gib is None:
-        return None
-    from rlsys.memory import GIB
-
-    index = torch.cuda.current_device()  # set_per_process_memory_fraction wants an index, not torch.device("cuda")
-    total = torch.cuda.get_device_properties(index).total_memory
-    fraction = split.learner_fraction(total)
-    torch.cuda.set_per_process_memory_fraction(fraction, index)
-    print(f"rlsys: learner memory capped at {fraction * total / GIB:.2f} GiB ({fraction:.4f} of {total / GIB:.1f} GiB; "
-          f"budget {budget_gib} GiB)", flush=True)
-    return fraction
-
-
-def release_cached_memory(device: torch.device, enabled: bool) -> bool:
-    """`learner.empty_cache`: on a GPU, give the caching allocator's unused blocks back to the device. Returns whether
-    it did."""
-    if not enabled or device.type != "cuda":
-        return False
-    torch.cuda.empty_cache()
-    return True
-
-
-class MemoryProbe:
-    """The GPU memory of one `train` call: torch's peak (allocated and reserved, the part the cap limits) and
-    the whole device at that peak (NVML's device-wide use at the start, minus what this process had reserved
-    then, plus its peak: the engine sleeps during training, so the rest does not move). Empty on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        if device.type != "cuda":
-            return
-        from rlsys.memory import device_used_bytes_nvml
-
-        self.index = torch.cuda.current_device()
-        torch.cuda.reset_peak_memory_stats(self.index)
-        self.reserved0 = torch.cuda.memory_reserved(self.index)
-        self.used0 = device_used_bytes_nvml()
-
-    def finish(self) -> dict[str, float]:
-        if self.device.type != "cuda":
-            return {}
-        from rlsys.memory import GIB
-
-        peak_reserved = torch.cuda.max_memory_reserved(self.index)
-        out = {"mem/learner_peak_allocated_gib": torch.cuda.max_memory_allocated(self.index) / GIB,
-               "mem/learner_peak_reserved_gib": peak_reserved / GIB,
-               "mem/learner_resident_gib": torch.cuda.memory_allocated(self.index) / GIB,
-               # what the allocator holds after the call (less with learner.empty_cache)
-               "mem/learner_reserved_gib": torch.cuda.memory_reserved(self.index) / GIB}
-        if self.used0 is not None:
-            out["mem/train_device_used_gib"] = (self.used0 - self.reserved0 + peak_reserved) / GIB
-        return out
-
-
-# --- batching helpers --------------------------------------------------------------------------
-@torch.no_grad()
-def weights_digest(params: Sequence[torch.Tensor]) -> float:
-    """A float64 fingerprint of weights (every parameter's sum plus its sum of squares, accumulated in float64
-    without float64 copies): equal for bit-equal weights, moved by a single changed element."""
-    total = torch.zeros((), dtype=torch.float64, device=params[0].device if params else "cpu")
-    for p in params:
-        total += p.sum(dtype=torch.float64) + torch.linalg.vector_norm(p, dtype=torch.float64) ** 2
-    return float(total)
-
-
-def _resolve(items: Sequence[Any]) -> list[Trajectory]:
-    if items and not isinstance(items[0], Trajectory):
-        import ray  # only on the Ray path: ObjectRefs from the env workers
-
-        items = ray.get(list(items))
-    return list(items)
-
-
-def micro_batches(rows: Sequence[_Row], mini_bs: int, token_budget: int | None = None) -> list[list[_Row]]:
-    """``rows`` cut in order into micro-batches: ``mini_bs`` rows each, or with ``token_budget``
-    (`learner.micro_batch_tokens`) as many consecutive rows as keep rows x longest row within it (one row at least)."""
-    if not token_budget:
-        return [list(rows[i : i + mini_bs]) for i in range(0, len(rows), mini_bs)]
-    out: list[list[_Row]] = []
-    longest = 0
-    for r in rows:
-        n = len(r.segment.input_ids)
-        if out and (len(out[-1]) + 1) * max(longest, n) <= token_budget:
-            out[-1].append(r)
-            longest = max(longest, n)
-        else:
-            out.append([r])
-            longest = n
-    return out
-
-
-def _split(rows: list[_Row], n: int) -> list[list[_Row]]:
-    size = math.ceil(len(rows) / n)
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-
-def _collate(rows: list[_Row], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Right-padded (B, T) tensors of ids, attention mask, loss mask and rollout logprobs."""
-    T = max(len(r.segment.input_ids) for r in rows)
-    B = len(rows)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, T), dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.float32)
-    lp = torch.zeros((B, T), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        n = len(r.segment.input_ids)
-        ids[i, :n] = torch.tensor(r.segment.input_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(r.segment.loss_mask, dtype=torch.float32)
-        lp[i, :n] = torch.tensor(r.segment.rollout_logprobs, dtype=torch.float32)
-    return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "loss_mask": mask.to(device),
-            "rollout_logprobs": lp.to(device)}
-
-
-def _pad_stack(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    T = max(r.shape[0] for r in rows)
-    out = torch.zeros((len(rows), T), device=device)
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r
-    return out

@@ -70,7 +70,7 @@ async def bench(args: argparse.Namespace) -> dict:
             raise RuntimeError(f"push loaded {count} tensors, sent {len(adapters)}")
         rows.append({"export_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
                      "worker_ms": engine.last_load["worker_ms"], "total_ms": (t2 - t0) * 1e3})
-    nbytes = learner._packer.total_bytes  # what travels: the adapters in the engine's dtype
+    nbytes = learner.sender.packer.total_bytes  # what travels: the adapters in the engine's dtype
     prompt, cont = canary_sequence(path)
     ref, got = learner.score(prompt, cont), await engine.score(prompt, cont)
     canary = sum(abs(a - b) for a, b in zip(ref, got)) / len(ref)

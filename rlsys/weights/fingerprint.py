@@ -117,6 +117,25 @@ def bucket_sums(buckets: Iterable[WeightBucket]) -> dict[str, int]:
     return _to_host([part for bucket in buckets for part in _bucket_parts(bucket)])
 
 
+class BucketSums:
+    """`bucket_sums` of buckets refilled in place (a sender's reused buffers, a receiver's regrouped views): each
+    bucket's row plan (`_row_plan`: its names and their row bounds, on the device) is made once and kept while a call
+    brings the same bucket objects; the sums are read at call time."""
+
+    def __init__(self) -> None:
+        self._buckets: list[WeightBucket] = []
+        self._plans: list[tuple] = []
+
+    def __call__(self, buckets: Iterable[WeightBucket]) -> dict[str, int]:
+        return _to_host(self.parts(buckets))
+
+    def parts(self, buckets: Iterable[WeightBucket]) -> list[tuple[list[str], torch.Tensor]]:
+        buckets = list(buckets)
+        if len(buckets) != len(self._buckets) or any(a is not b for a, b in zip(buckets, self._buckets)):
+            self._buckets, self._plans = buckets, [_row_plan(bucket) for bucket in buckets]
+        return [part for bucket, plan in zip(self._buckets, self._plans) for part in _bucket_parts(bucket, plan)]
+
+
 class ViewSums:
     """`tensor_sums` of views into a few flat buffers (what a receiver unpacked from the buckets it was sent): the
     views are regrouped into the buffers they slice, each summed as `bucket_sums` sums a bucket, three kernels for
@@ -129,17 +148,17 @@ class ViewSums:
 
     def __init__(self) -> None:
         self._named: list[tuple[str, torch.Tensor]] = []
-        self._buckets: list[tuple[WeightBucket, tuple]] = []  # each with its `_row_plan`
+        self._buckets: list[WeightBucket] = []
         self._rest: list[tuple[str, torch.Tensor]] = []
+        self._sums = BucketSums()
 
     def __call__(self, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
         named = list(named)
         if len(named) != len(self._named) or any(
                 n is not m and n != m or t is not u for (n, t), (m, u) in zip(named, self._named)):
             self._named = named
-            buckets, self._rest = _regroup(named)
-            self._buckets = [(bucket, _row_plan(bucket)) for bucket in buckets]
-        parts = [part for bucket, plan in self._buckets for part in _bucket_parts(bucket, plan)]
+            self._buckets, self._rest = _regroup(named)
+        parts = self._sums.parts(self._buckets)
         parts += [([name], _integers(tensor).sum(dtype=torch.int32)) for name, tensor in self._rest]
         return _to_host(parts)
 

@@ -140,3 +140,23 @@ def test_view_sums_regroup_a_receivers_views_into_their_buckets():
     fresh = [(n, t.clone()) for n, t in named]  # new tensors, each its own storage
     assert sums(fresh) == tensor_sums(fresh) == again
     assert ViewSums()([]) == {}
+
+
+def test_bucket_sums_kept_for_reused_buffers_follow_each_refill():
+    """`BucketSums` (a sender's fingerprint of its reused buckets): `bucket_sums`' integers after every refill,
+    the row plans made once for the same bucket objects and again for new ones."""
+    from rlsys.weights.fingerprint import BucketSums
+    from rlsys.weights.transport import FusedPack
+
+    torch.manual_seed(5)
+    named = [("a", torch.randn(16, 32)), ("b", torch.randn(5, 3)), ("c", torch.randn(64, 8))]
+    pack = FusedPack(BucketPacker.for_tensors(named, bucket_bytes=4096, dtype=torch.bfloat16), named)
+    sums = BucketSums()
+    first = sums(pack.buckets)
+    assert first == bucket_sums(pack.buckets)
+    plans = sums._plans
+    named[2][1][3, 1] += 1.0
+    again = sums(pack.pack(named))  # the same buffers, refilled
+    assert sums._plans is plans and again == bucket_sums(pack.buckets) and differing(first, again) == ["c"]
+    other = BucketPacker.for_tensors(named, bucket_bytes=4096, dtype=torch.bfloat16).pack(named)
+    assert sums(other) == again and sums._plans is not plans  # new bucket objects: planned again

@@ -64,7 +64,7 @@ def test_fp32_master_scores_like_the_bf16_model(tmp_path, tiny_model_path):
 
 
 def test_weights_digest_is_equal_for_equal_weights_and_moves_with_one_element():
-    from actors.learner import weights_digest
+    from actors.learner_rows import weights_digest
 
     torch.manual_seed(0)
     a = [torch.randn(64, 32).to(torch.bfloat16), torch.randn(1000)]

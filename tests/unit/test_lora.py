@@ -461,7 +461,7 @@ def test_canary_tolerance_and_follow_check_under_lora(extra, gpu, tol, follows):
 def test_kl_reference_under_lora_is_the_base_with_the_adapters_off(tmp_path, tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    from actors.learner import _collate, _Row
+    from actors.learner_rows import Row, collate
     from rlsys.memory import JobShape, ModelShape, estimate
     from rlsys.prefix import plain_token_logprobs
     from rlsys.types import Segment
@@ -473,8 +473,8 @@ def test_kl_reference_under_lora_is_the_base_with_the_adapters_off(tmp_path, tin
         for p in learner.params:
             p.normal_(0, 0.05)
     ids = [5, 9, 17, 33, 2, 71, 8, 40]
-    rows = [_Row(Segment(ids, [0] * 4 + [1] * 4, [0.0] * 8), 1.0, 0)]
-    batch = _collate(rows, learner.pad_id, learner.device)
+    rows = [Row(Segment(ids, [0] * 4 + [1] * 4, [0.0] * 8), 1.0, 0)]
+    batch = collate(rows, learner.pad_id, learner.device)
     ref = learner._ref_logprobs(rows, batch)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     with torch.no_grad():

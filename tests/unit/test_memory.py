@@ -612,7 +612,7 @@ def test_a_fixed_kv_cache_is_the_estimates_kv_line_and_tune_shows_it(qwen15b_fol
 def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tmp_path):
     import torch
 
-    from actors.learner import MemoryProbe, apply_memory_budget
+    from actors.learner_setup import MemoryProbe, apply_memory_budget
     from rlsys.config import load_config
     from rlsys.memory import budget_split
 
@@ -669,7 +669,7 @@ def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tm
     assert MemoryProbe(torch.device("cpu")).finish() == {}
 
     # learner.empty_cache: the unused reserve goes back after the call's peak; the peak figures stay the call's
-    from actors.learner import release_cached_memory
+    from actors.learner_setup import release_cached_memory
 
     emptied = []
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from actors.learner import _Row, micro_batches
+from actors.learner_rows import Row, micro_batches
 from rlsys.config import load_config
 from rlsys.memory import JobShape, ModelShape, estimate
 from rlsys.types import Segment
 
 
-def _rows(lengths: list[int]) -> list[_Row]:
-    return [_Row(Segment(list(range(n)), [1] * n, [0.0] * n), 1.0, i) for i, n in enumerate(lengths)]
+def _rows(lengths: list[int]) -> list[Row]:
+    return [Row(Segment(list(range(n)), [1] * n, [0.0] * n), 1.0, i) for i, n in enumerate(lengths)]
 
 
 def test_without_a_budget_micro_batches_are_mini_bs_rows():
