@@ -86,7 +86,7 @@ def load_reference(model: ModelConfig, kl_coef: float, device: torch.device, dty
 # --- GPU memory ----------------------------------------------------------------------------------
 def apply_memory_budget(split: Any, budget_gib: float | None, device: torch.device) -> float | None:
     """With `rollout.gpu_memory_budget_gib` (``budget_gib``) on a GPU: cap this process's torch allocator at the
-    learner's share of the budget (``split``: `rlsys.memory.budget_split`; vLLM sizes itself from the rest).
+    learner's share of the budget (``split``: `rlsys.budget.budget_split`; vLLM sizes itself from the rest).
     Returns the fraction set."""
     if device.type != "cuda" or budget_gib is None:
         return None

@@ -79,7 +79,7 @@ def lora_adapter(lora: Any) -> tuple[int, tuple[str, ...]] | None:
 
 def engine_memory_fraction(cfg: EngineSettings) -> float:
     """vLLM's `gpu_memory_utilization`: with `rollout.gpu_memory_budget_gib`, the engine's share of the job's
-    budget (`rlsys.memory.budget_split`, the same split the learner caps itself with); unset, a third of the GPU,
+    budget (`rlsys.budget.budget_split`, the same split the learner caps itself with); unset, a third of the GPU,
     or with a fixed KV cache (`rollout.kv_cache_gib`) what the engine will hold if that is less. vLLM then sizes
     nothing by it, but refuses to start unless that much is free: a third of the GPU often is not when several
     jobs share it (each takes ~10 GiB with a 0.5B model)."""

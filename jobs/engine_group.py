@@ -62,7 +62,8 @@ def choose_sleep_level(cfg: Config, model_path: str, infos: list[dict[str, Any]]
 
 def _awake_fits(cfg: Config, model_path: str, infos: list[dict[str, Any]]) -> tuple[bool | None, str]:
     """Whether vLLM's share and the learner's estimated peak fit side by side (None: unknown), and the figures."""
-    from rlsys.memory import GIB, LORA_KEPT, MemoryBudgetError, budget_split, job_estimate
+    from rlsys.budget import budget_split, job_estimate
+    from rlsys.memory import GIB, LORA_KEPT, MemoryBudgetError
 
     r = cfg.rollout
     if not all(i.get("on_gpu") and i.get("device_bytes") and i.get("engine_bytes") for i in infos):

@@ -56,10 +56,11 @@ def engine_is_vllm(cfg: Config) -> bool:
 def check_kv_cache(cfg: Config) -> None:
     """`rollout.kv_cache_gib` on the vLLM engine, with or without a budget: refuse (ConfigError, exit 2: the size
     one `max_model_len` sequence needs with this model, and the fix) a KV cache vLLM would refuse in its engine's
-    start, minutes later with Ray and the actors up (rlsys/memory.py `kv_cache_refusal`)."""
+    start, minutes later with Ray and the actors up (rlsys/budget.py `kv_cache_refusal`)."""
     if cfg.rollout.kv_cache_gib is None or not engine_is_vllm(cfg):
         return
-    from rlsys.memory import JobShape, ModelShape, kv_cache_refusal, read_model_config
+    from rlsys.budget import kv_cache_refusal
+    from rlsys.memory import JobShape, ModelShape, read_model_config
 
     model_path = resolve_model(cfg.model.ckpt)
     try:
@@ -79,7 +80,8 @@ def check_memory_budget(cfg: Config, items: list[dict[str, Any]] | None = None) 
     so that a budget tune proposes passes here and the learner and the engines split it by the same estimate."""
     if cfg.rollout.gpu_memory_budget_gib is None:
         return
-    from rlsys.memory import GIB, MemoryBudgetError, check_budget, device_total_bytes_nvml
+    from rlsys.budget import check_budget
+    from rlsys.memory import GIB, MemoryBudgetError, device_total_bytes_nvml
 
     model_path = resolve_model(cfg.model.ckpt)
     prompt = "given"

@@ -69,7 +69,7 @@ class Placement:
 def learner_settings(cfg: Config, model_path: str | None = None) -> LearnerSettings:
     """What a learner rank reads of ``cfg``; with `rollout.gpu_memory_budget_gib`, the budget's split for the
     model at ``model_path`` (computed here once, as each actor computed it before)."""
-    from rlsys.memory import budget_split
+    from rlsys.budget import budget_split
 
     budget = cfg.rollout.gpu_memory_budget_gib
     return LearnerSettings(model=cfg.model, learner=cfg.learner, algo=cfg.algo, seed=cfg.seed, max_steps=cfg.max_steps,
@@ -79,7 +79,7 @@ def learner_settings(cfg: Config, model_path: str | None = None) -> LearnerSetti
 def engine_settings(cfg: Config, model_path: str) -> EngineSettings:
     """What a rollout actor reads of ``cfg``, with the memory its vLLM engine may take (the budget's split, or
     what a fixed `rollout.kv_cache_gib` makes it hold) for the model at ``model_path``."""
-    from rlsys.memory import budget_split, fixed_kv_engine_bytes
+    from rlsys.budget import budget_split, fixed_kv_engine_bytes
 
     r = cfg.rollout
     memory = budget_split(cfg, model_path)

@@ -25,10 +25,10 @@ from dataclasses import replace
 from typing import Any
 
 from jobs.items import PromptsNotMeasured, measured_prompt_tokens
+from rlsys.budget import kv_cache_refusal, suggest
 from rlsys.config import FLAGS, Config, add_config_args, config_from_args
 from rlsys.errors import UserInputError
-from rlsys.memory import (GIB, JobShape, ModelShape, estimate, kv_cache_refusal, read_model_config, suggest,
-                          trained_groups)
+from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, trained_groups
 
 
 def prompt_tokens_or_worst_case(cfg: Config, model_path: str) -> int | None:

@@ -1,11 +1,12 @@
 """A fixed KV cache (`rollout.kv_cache_gib`) too small for one `rollout.max_model_len` sequence, which vLLM refuses
-in its engine's start: refused before Ray (jobs/items.py `check_kv_cache`, rlsys/memory.py `kv_cache_refusal`) and
+in its engine's start: refused before Ray (jobs/items.py `check_kv_cache`, rlsys/budget.py `kv_cache_refusal`) and
 said by `rlsys tune`, with the numbers and the fix; not on the transformers engine, which ignores the setting."""
 from __future__ import annotations
 
 import pytest
 
-from rlsys.memory import GIB, JobShape, ModelShape, kv_cache_refusal, one_sequence_kv_bytes
+from rlsys.budget import kv_cache_refusal, one_sequence_kv_bytes
+from rlsys.memory import GIB, JobShape, ModelShape
 from tests.conftest import QWEN15B
 
 # 2 (K, V) x 28 layers x 2 KV heads x 128 head_dim x 2 bytes = 28,672 bytes a token; 2048 tokens are 128 blocks of

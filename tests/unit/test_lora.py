@@ -276,7 +276,8 @@ def test_vllm_engine_serving_the_adapter_names_it_in_every_request_after_set_lor
 
 
 def test_the_memory_estimate_counts_the_slot_instead_of_the_kept_base_copy_when_vllm_serves_the_adapter(tmp_path):
-    from rlsys.memory import LORA_KEPT, LORA_SLOT, ModelShape, job_estimate
+    from rlsys.budget import job_estimate
+    from rlsys.memory import LORA_KEPT, LORA_SLOT, ModelShape
 
     config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
               "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
@@ -552,7 +553,8 @@ def test_lora_with_gradient_checkpointing_trains_the_adapters(tmp_path, tiny_mod
 def test_keep_awake_auto_counts_the_engines_kept_base_copy(tmp_path):
     from jobs.bench_models import QWEN7B_SIZES
     from jobs.engine_group import AWAKE_DEVICE_SHARE, choose_sleep_level
-    from rlsys.memory import GIB, job_estimate
+    from rlsys.budget import job_estimate
+    from rlsys.memory import GIB
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", **QWEN7B_SIZES}))
     cfg = load_config(overrides=["learner.lora.enabled=true", "rollout.engine=vllm"])

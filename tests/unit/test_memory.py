@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from rlsys.memory import (GIB, LOGPROB_CHUNK_BYTES, CONTEXT_BYTES, JobShape, MemoryBudgetError, ModelShape,
-                          estimate, suggest)
+from rlsys.budget import suggest
+from rlsys.memory import GIB, LOGPROB_CHUNK_BYTES, CONTEXT_BYTES, JobShape, MemoryBudgetError, ModelShape, estimate
 
 from tests.conftest import QWEN05B, QWEN15B
 
@@ -137,7 +137,8 @@ def test_suggest_shrinks_a_token_budget_and_keeps_the_shared_prompts():
     """The GPU recipe's learner (LoRA r=16, micro-batches of 16,384 padded tokens, 250-token prompts shared by groups
     of 8) is ~23 GiB in all: under 16 GiB `suggest` halves `learner.micro_batch_tokens` and keeps prefix sharing
     rather than turning on checkpointing (which runs every prompt 8 times), where it once found nothing."""
-    from rlsys.memory import learner_cost, minimum_bytes
+    from rlsys.budget import learner_cost
+    from rlsys.memory import minimum_bytes
 
     shape = ModelShape.from_config(QWEN05B)
     job = _lora_point(micro_batch_tokens=16384, seq_len=346, max_model_len=1024, prompt_tokens=250, concurrency=32,
@@ -452,8 +453,8 @@ def test_train_check_measures_the_prompts_as_tune_does(qwen15b_with_tokenizer, t
     passes `rlsys train`'s check, as `rlsys tune` says; the learner and the engines split it by that estimate."""
     from jobs.items import check_memory_budget, measured_prompt_tokens
     from jobs.tune import main as tune_main
+    from rlsys.budget import budget_split, job_estimate
     from rlsys.config import ConfigError, load_config
-    from rlsys.memory import budget_split, job_estimate
 
     folder = qwen15b_with_tokenizer
     flags = {"--ckpt": str(folder), "--gpu-memory-budget-gib": "40", "--batch-size": "4", "--n-samples": "8",
@@ -559,7 +560,7 @@ def test_tune_proposes_flags_that_fit(qwen15b_folder, capsys):
     assert "rollout.budget_prompt_tokens=240" in use[0]  # the length given here, for train's check and split
     # the proposal is a valid config and passes the check
     from rlsys.config import load_config
-    from rlsys.memory import job_estimate
+    from rlsys.budget import job_estimate
 
     overrides = [t for t in use[0].split() if "=" in t]
     cfg = load_config(flags={"--ckpt": str(qwen15b_folder), "--gpu-memory-budget-gib": "24", "--batch-size": "8",
@@ -584,7 +585,7 @@ def test_a_fixed_kv_cache_is_the_estimates_kv_line_and_tune_shows_it(qwen15b_fol
 
     from jobs.tune import main as tune_main
     from rlsys.config import load_config
-    from rlsys.memory import fixed_kv_engine_bytes, job_estimate
+    from rlsys.budget import fixed_kv_engine_bytes, job_estimate
 
     flags = {"--ckpt": str(qwen15b_folder), "--gpu-memory-budget-gib": "24", "--run-dir": str(tmp_path / "run")}
     base = ["rollout.max_model_len=1024"]
@@ -614,7 +615,7 @@ def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tm
 
     from actors.learner_setup import MemoryProbe, apply_memory_budget
     from rlsys.config import load_config
-    from rlsys.memory import budget_split
+    from rlsys.budget import budget_split
 
     cfg = load_config(flags={"--ckpt": str(qwen15b_folder), "--gpu-memory-budget-gib": "24", "--mini-bs": "2",
                              "--adam-8bit": True, "--run-dir": str(tmp_path / "run")},
@@ -645,7 +646,7 @@ def test_learner_caps_its_allocator_at_its_share(monkeypatch, qwen15b_folder, tm
     assert engine_memory_fraction(engine_settings(cfg, str(qwen15b_folder))) == pytest.approx(1 / 3)
     # a fixed KV cache and no budget: what the engine holds (weights, activations, that cache), not a third
     cfg.rollout.kv_cache_gib = 3.0
-    from rlsys.memory import job_estimate
+    from rlsys.budget import job_estimate
 
     engine = job_estimate(cfg, qwen15b_folder).engine
     held = engine["weights"] + engine["activations"] + engine["CUDA graphs"] + 3 * GIB

@@ -1,4 +1,4 @@
-"""`learner.micro_batch_tokens`: micro-batches cut by padded positions (actors/learner.py `micro_batches`), the config
+"""`learner.micro_batch_tokens`: micro-batches cut by padded positions (actors/learner_rows.py `micro_batches`), the config
 check it relaxes, and the memory estimate that follows it."""
 from __future__ import annotations
 
