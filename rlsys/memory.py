@@ -2,9 +2,10 @@
 
 Pure Python (no torch, no Ray): the numbers come from the model's config.json shapes and the job config, so
 `rlsys train` can refuse a job that would not fit before Ray starts (exit 2, with this table and a fix), and
-`rlsys tune` can search batch sizes without a GPU (rlsys/budget.py: a config's estimate, its split, the search). The learner and the vLLM engine then get a static split of
-the budget: the learner's torch allocator is capped with `torch.cuda.set_per_process_memory_fraction`, vLLM's
-`gpu_memory_utilization` is sized from the remainder (actors/learner.py, actors/rollout.py).
+`rlsys tune` can search batch sizes without a GPU (rlsys/budget.py: a config's estimate, its split, the search).
+The learner and the vLLM engine then get a static split of the budget: the learner's torch allocator is capped with
+`torch.cuda.set_per_process_memory_fraction`, vLLM's `gpu_memory_utilization` is sized from the remainder
+(actors/learner_setup.py, actors/rollout.py).
 
 What is counted (bytes; P = parameters, d = bytes of the compute dtype, w = bytes of the learner's weights, V =
 vocabulary, h = hidden, q = heads x head_dim, i = intermediate, L = layers, r = LoRA rank):
