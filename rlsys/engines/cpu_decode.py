@@ -12,7 +12,7 @@ the same model from its own parameters with a fixed number of torch ops per step
   ~1/8 of transformers' and the cache read per step is ~1 MB instead of ~34 MB;
 - preallocated buffers for the generated keys/values, the tokens and the logprobs; q/k/v and gate/up
   projections fused into one matrix each (rebuilt from the parameters after every ``load_weights``);
-- vectorised sampling, bit-compatible with ``TransformersEngine._sample_rows``: each request's uniforms are
+- vectorised sampling, bit-compatible with ``rlsys.engines.hf_loop.sample_rows``: each request's uniforms are
   drawn up front from its own generator (``torch.rand(n)`` gives the stream of n ``torch.rand(())`` calls),
   rows are grouped only by kind (greedy, full vocabulary, nucleus) with per-row temperature and top-p tensors;
   the top-p sort is numpy's sort of the values (8x faster than torch's stable CPU sort), the one sampled position
@@ -377,7 +377,7 @@ class _LogitAdjust:
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.counts is None:
             return logits
-        # the engine's _adjusted_logits, row for row: logit - (f * count + p * [count > 0]) + bias
+        # hf_loop.adjusted_logits, row for row: logit - (f * count + p * [count > 0]) + bias
         return logits - (self.freq * self.counts + self.presence * (self.counts > 0).float()) + self.bias
 
     def count(self, sampled: torch.Tensor) -> None:
@@ -414,7 +414,7 @@ class _SampleGroup:
 
 
 class _Sampler:
-    """``TransformersEngine._sample_rows`` over a fixed batch: the same per-row arithmetic, grouped by kind."""
+    """``hf_loop.sample_rows`` over a fixed batch: the same per-row arithmetic, grouped by kind."""
 
     def __init__(self, groups: list[_SampleGroup], uniforms: torch.Tensor) -> None:
         self.groups = groups

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import inspect
 import logging
 import threading
@@ -52,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from rlsys.engines.base import WAKE_TAGS, Engine, GenerateOutput, SamplingParams, checked_prompt
+from rlsys.engines.hf_loop import StopText, adjusted_logits, growing_cache, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -81,58 +81,6 @@ def _as_id_list(eos: int | Iterable[int] | None) -> list[int]:
     if isinstance(eos, int):
         return [eos]
     return [int(e) for e in eos]
-
-
-def _growing_cache(config, capacity: int):
-    """A ``DynamicCache`` whose full-attention layers append in place (``_growing_layer_class``); models with
-    other layer kinds (sliding windows, linear attention) keep transformers' own layers."""
-    from transformers import DynamicCache  # noqa: PLC0415
-    from transformers.cache_utils import DynamicLayer  # noqa: PLC0415
-
-    cache = DynamicCache(config=config)
-    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
-        cache.layers = [_growing_layer_class()(capacity) for _ in cache.layers]
-    return cache
-
-
-@functools.cache
-def _growing_layer_class():
-    from transformers.cache_utils import DynamicLayer  # noqa: PLC0415 (heavy import, only when built)
-
-    class GrowingLayer(DynamicLayer):
-        """DynamicLayer that writes new keys/values into a buffer with room for ``capacity`` positions and
-        returns views of its filled part, instead of ``torch.cat``-ing the whole cache at every decode step
-        (40% of the recipe's decode time). Rows dropped by ``batch_select_indices`` leave a compact tensor;
-        the next update copies it into a fresh buffer."""
-
-        def __init__(self, capacity: int) -> None:
-            super().__init__()
-            self.capacity = capacity
-            self._key_buf: torch.Tensor | None = None  # (B, H, capacity, D)
-            self._value_buf: torch.Tensor | None = None
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            filled = self.keys.shape[-2] if self.keys.numel() else 0
-            need = filled + key_states.shape[-2]
-            buf = self._key_buf
-            if (buf is None or need > buf.shape[-2] or buf.shape[0] != key_states.shape[0]
-                    or (filled and self.keys.data_ptr() != buf.data_ptr())):  # first, full, or rows selected
-                b, h, _, dk = key_states.shape
-                room = max(need, self.capacity)
-                key_buf = key_states.new_empty((b, h, room, dk))
-                value_buf = value_states.new_empty((b, h, room, value_states.shape[-1]))
-                if filled:
-                    key_buf[:, :, :filled] = self.keys
-                    value_buf[:, :, :filled] = self.values
-                self._key_buf, self._value_buf = key_buf, value_buf
-            self._key_buf[:, :, filled:need] = key_states
-            self._value_buf[:, :, filled:need] = value_states
-            self.keys, self.values = self._key_buf[:, :, :need], self._value_buf[:, :, :need]
-            return self.keys, self.values
-
-    return GrowingLayer
 
 
 class TransformersEngine(Engine):
@@ -482,7 +430,7 @@ class TransformersEngine(Engine):
         return self._fast_decoder.generate(
             [r.prompt_ids for r in reqs], [r.params for r in reqs], [r.generator for r in reqs],
             stops=[set(self.eos_token_ids) | set(r.params.stop_token_ids) for r in reqs],
-            stop_text=[_StopText(self._stop_tokenizer(), r.params.stop) if r.params.stop else None for r in reqs],
+            stop_text=[StopText(self._stop_tokenizer(), r.params.stop) if r.params.stop else None for r in reqs],
             pad_token_id=self.pad_token_id, share_prefill=self.share_prefill)
 
     def _generate_batch_transformers(self, reqs: list[_GenerateRequest]) -> list[GenerateOutput]:
@@ -498,7 +446,7 @@ class TransformersEngine(Engine):
         active = list(range(n))  # request index of each batch row
         next_pos = torch.tensor([len(r.prompt_ids) for r in reqs], device=self.device)  # (b,)
 
-        stop_text = [_StopText(self._stop_tokenizer(), r.params.stop) if r.params.stop else None for r in reqs]
+        stop_text = [StopText(self._stop_tokenizer(), r.params.stop) if r.params.stop else None for r in reqs]
         counts = [torch.zeros(self.vocab_size, device=self.device) if r.params.adjusts_logits else None
                   for r in reqs]  # (V,) times each token was generated, for the penalties
 
@@ -506,7 +454,7 @@ class TransformersEngine(Engine):
         while True:
             raw = torch.log_softmax(logits.float(), dim=-1)  # (b, V) raw distribution, T = 1
             params = [reqs[i].params for i in active]
-            sampled_t = self._sample_rows(_adjusted_logits(logits, params, [counts[i] for i in active]), params,
+            sampled_t = sample_rows(adjusted_logits(logits, params, [counts[i] for i in active]), params,
                                           [reqs[i].generator for i in active])
             sampled = sampled_t.tolist()
             sampled_logprobs = raw.gather(1, sampled_t.unsqueeze(1)).squeeze(1).tolist()  # (b,)
@@ -559,51 +507,13 @@ class TransformersEngine(Engine):
         else:
             row_of, distinct = list(range(len(prompts))), prompts
         input_ids, attention_mask, position_ids = self._left_pad(distinct)
-        cache = _growing_cache(self.model.config, input_ids.shape[1] + max_new_tokens)
+        cache = growing_cache(self.model.config, input_ids.shape[1] + max_new_tokens)
         logits = self._forward(input_ids, attention_mask, position_ids, cache, logits_to_keep=1)[:, -1]  # (u, V)
         if len(distinct) < len(prompts):
             rows = torch.tensor(row_of, device=self.device)  # (n,)
             cache.batch_select_indices(rows)  # copies the repeated rows: each request's cache is its own
             logits, attention_mask = logits[rows], attention_mask[rows]
         return logits, cache, attention_mask
-
-    @staticmethod
-    def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]):
-        """One token per row of ``logits`` (b, V) as a (b,) long tensor: greedy at temperature 0, else
-        temperature + top-p, each row with its own ``params`` and generator.
-
-        Inverse-CDF sampling with one uniform from the row's own generator, so the stream of uniforms
-        depends only on the seed and the number of tokens sampled so far. Rows that share (temperature,
-        top_p) are sampled together; the CDF is over the vocabulary in id order without top-p and in
-        descending probability with it.
-        """
-        out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # (b,)
-        by_setting: dict[tuple[float, float], list[int]] = {}
-        for row, p in enumerate(params):
-            by_setting.setdefault((0.0 if p.greedy else p.temperature, p.top_p), []).append(row)
-        for (temperature, top_p), rows in by_setting.items():
-            idx_rows = torch.tensor(rows, device=logits.device)
-            sub = logits[idx_rows].float()  # (k, V)
-            if temperature == 0:
-                out[idx_rows] = sub.argmax(dim=-1)
-                continue
-            probs = torch.softmax(sub / temperature, dim=-1)  # (k, V)
-            ids = None
-            if top_p < 1.0:
-                probs, ids = probs.sort(dim=-1, descending=True, stable=True)
-                mass_before = probs.cumsum(-1) - probs
-                probs = probs * (mass_before < top_p)  # smallest prefix reaching top_p; first kept
-            cdf = probs.cumsum(-1)  # (k, V)
-            u = torch.stack([torch.rand((), generator=generators[r]) for r in rows])  # (k,) one uniform a row
-            target = (u.double() * cdf[:, -1].double()).float().unsqueeze(1)  # (k, 1)
-            idx = torch.searchsorted(cdf, target, right=True).squeeze(1)  # (k,)
-            vocab = cdf.shape[-1]
-            last_nonzero = ((probs > 0) * torch.arange(vocab, device=probs.device)).argmax(-1)  # (k,)
-            picked = probs.gather(1, idx.clamp(max=vocab - 1).unsqueeze(1)).squeeze(1)
-            # u * total rounded onto the top: the last nonzero entry
-            idx = torch.where((idx >= vocab) | (picked <= 0), last_nonzero, idx)
-            out[idx_rows] = ids.gather(1, idx.unsqueeze(1)).squeeze(1) if ids is not None else idx
-        return out
 
     def _score_batch(self, reqs: list[_ScoreRequest]) -> list[list[float]]:
         out: list[list[float]] = []
@@ -634,35 +544,3 @@ class TransformersEngine(Engine):
             cont = torch.tensor(r.continuation_ids, device=self.device)
             result.append(raw[i, rows, cont].tolist())
         return result
-
-
-def _adjusted_logits(logits: torch.Tensor, params: list[SamplingParams], counts: list[torch.Tensor | None]):
-    """``logits`` (b, V) with each row's penalties and logit bias applied (a copy; the input when none has any)."""
-    if not any(p.adjusts_logits for p in params):
-        return logits
-    out = logits.float().clone()  # (b, V)
-    for row, (p, count) in enumerate(zip(params, counts)):
-        if not p.adjusts_logits:
-            continue
-        out[row] -= p.frequency_penalty * count + p.presence_penalty * (count > 0).float()
-        if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias], device=out.device)
-            out[row, ids] += torch.tensor([b for _, b in p.logit_bias], device=out.device)
-    return out
-
-
-class _StopText:
-    """Whether a request's generated tokens just completed one of its stop strings.
-
-    Only a tail of the tokens is decoded at each step: a stop string of L characters spans at most 4 * L tokens
-    (a character can take up to 4 byte tokens), plus one token before it so that the tail's first character
-    is decoded as in the full text (byte tokens cut mid-character, a tokenizer's leading-space rules)."""
-
-    def __init__(self, tokenizer, stop: tuple[str, ...]) -> None:
-        self.tokenizer = tokenizer
-        self.stop = stop
-        self.window = 4 * max(len(s) for s in stop) + 1
-
-    def completed(self, tokens: list[int]) -> bool:
-        tail = self.tokenizer.decode(tokens[-self.window:], skip_special_tokens=False)
-        return any(s in tail for s in self.stop)

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlsys.engines import make_engine
 from rlsys.engines.base import SamplingParams
+from rlsys.engines.hf_loop import sample_rows
 from rlsys.engines.transformers_engine import TransformersEngine
 
 EOS = 1
@@ -434,14 +435,14 @@ def test_batched_sampler_matches_one_row_at_a_time():
               for t, p in ((1.0, 0.9), (1.0, 1.0), (0.0, 1.0), (1.3, 0.9), (1.0, 0.5), (1.0, 0.9))]
     for draw in range(20):
         gens = [torch.Generator().manual_seed(100 * draw + r) for r in range(6)]
-        together = TransformersEngine._sample_rows(logits, params, gens).tolist()
+        together = sample_rows(logits, params, gens).tolist()
         gens = [torch.Generator().manual_seed(100 * draw + r) for r in range(6)]
-        alone = [int(TransformersEngine._sample_rows(logits[r : r + 1], [params[r]], [gens[r]])) for r in range(6)]
+        alone = [int(sample_rows(logits[r : r + 1], [params[r]], [gens[r]])) for r in range(6)]
         assert together == alone, f"draw {draw}"
         assert together[2] == int(logits[2].argmax()) and together[4] == 7
     # each sampled row consumed exactly one uniform from its own generator, the greedy row none
     gens = [torch.Generator().manual_seed(r) for r in range(6)]
-    TransformersEngine._sample_rows(logits, params, gens)
+    sample_rows(logits, params, gens)
     for r, g in enumerate(gens):
         ref = torch.Generator().manual_seed(r)
         if params[r].temperature > 0:
@@ -550,10 +551,10 @@ def test_a_score_does_not_wait_for_an_announced_wave(model_path):
 def test_growing_cache_keeps_what_dynamic_cache_keeps(model_path):
     from transformers import AutoConfig, DynamicCache
 
-    from rlsys.engines.transformers_engine import _growing_cache
+    from rlsys.engines.hf_loop import growing_cache
 
     config = AutoConfig.from_pretrained(model_path)
-    grow, plain = _growing_cache(config, capacity=6), DynamicCache(config=config)
+    grow, plain = growing_cache(config, capacity=6), DynamicCache(config=config)
     assert type(grow.layers[0]).__name__ == "GrowingLayer"
     torch.manual_seed(0)
 
