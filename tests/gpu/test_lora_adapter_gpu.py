@@ -14,7 +14,7 @@ from tests.gpu.conftest import measure, requires_gpu
 from tests.gpu.test_lora_gpu import (  # noqa: F401 (fixtures, built on this module's lora_cfg)
     LORA, engine, later_pushes_do_not_accumulate, learner, sleep_wake_keeps_the_adapter_and_a_skipped_push_shows, tol)
 from tests.gpu.test_vllm_engine import canary, canary_diff, loop, push, sft_steps, vllm_view_of  # noqa: F401
-from tests.gpu.test_vllm_job import gpu_job_config, ray_gpu  # noqa: F401 (fixture)
+from tests.gpu.test_vllm_job import MIN_SHIFT, gpu_job_config, ray_gpu  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, requires_gpu, pytest.mark.timeout(600)]
 
@@ -85,3 +85,29 @@ def test_three_adapter_served_steps_of_the_job_on_the_gpu(ray_gpu, tmp_path, gpu
     for r in rows:
         measure(f"lora_slots_job_step{r['step']}_sync_s", r["time/sync"])
         measure(f"lora_slots_job_step{r['step']}_logp_diff", r["train/logp_diff_mean"])
+
+
+# the sampled tokens' |engine - learner| logprob, mean over a step: 0.0012-0.0016 eager (the test above, fc160ac);
+# an engine that sampled with a stale adapter after a push at lr 1e-2 reads far above it (a skipped push: the canary
+# ~4 after a few steps, test_lora_gpu.py)
+GRAPH_LOGP_DIFF_MAX = 0.05
+
+
+def test_the_slot_under_cuda_graphs_of_decode(ray_gpu, tmp_path, gpu_tiny_path):  # noqa: F811
+    """The slot with full CUDA graphs of decode batches (`rollout.graph_mode = "full_decode"`, the GPU recipe's mode):
+    a push copies into the slot's tensors in place, so the captured graphs read the new adapter. The canary scores
+    a prompt (prefill, eager in this mode); the sampled tokens' logprobs come from the graphs' decode, so their
+    agreement with the learner's after every push is what says the graphs serve the pushed adapter."""
+    from jobs.train import run_training
+    from rlsys.metrics import read_metrics
+
+    run_dir = run_training(gpu_job_config(tmp_path, gpu_tiny_path, *ADAPTER, "rollout.enforce_eager=false",
+                                          "rollout.graph_mode=full_decode", "rollout.engine_max_batch=16",
+                                          **{"--lr": "1e-2"}))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        measure(f"lora_slots_graphs_step{r['step']}_logp_diff", r["train/logp_diff_mean"])
+        measure(f"lora_slots_graphs_step{r['step']}_sync_s", r["time/sync"])
+        assert r["train/logp_diff_mean"] <= GRAPH_LOGP_DIFF_MAX, (r["step"], r["train/logp_diff_mean"])
+        assert r["sync/canary_engine_shift"] > MIN_SHIFT, (r["step"], r["sync/canary_engine_shift"])
