@@ -87,7 +87,7 @@ def test_three_adapter_served_steps_of_the_job_on_the_gpu(ray_gpu, tmp_path, gpu
         measure(f"lora_slots_job_step{r['step']}_logp_diff", r["train/logp_diff_mean"])
 
 
-# the sampled tokens' |engine - learner| logprob, mean over a step: 0.0012-0.0016 eager (the test above, fc160ac);
+# the sampled tokens' |engine - learner| logprob, mean over a step: 0.0012-0.0016 eager (the test above, ea9da70);
 # an engine that sampled with a stale adapter after a push at lr 1e-2 reads far above it (a skipped push: the canary
 # ~4 after a few steps, test_lora_gpu.py)
 GRAPH_LOGP_DIFF_MAX = 0.05
