@@ -77,7 +77,7 @@ def push(loop, engine, learner) -> int:
     """One push by CUDA IPC; each side keeps its transport across pushes, as in a job (rlsys/weights/routes.py)."""
     from rlsys.weights.transport import make_transport
 
-    if not learner._transports:
+    if not learner.sender.transports:
         learner.open_transports([make_transport("cuda_ipc")], BUCKET_BYTES)
     receiver = getattr(engine, "_test_receiver", None) or make_transport("cuda_ipc")
     engine._test_receiver = receiver
