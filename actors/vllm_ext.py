@@ -41,15 +41,22 @@ class WorkerExtension:
 
     def rlsys_load_weights(self, payload: bytes) -> dict:
         """Load a pickled payload of the transport set by `rlsys_set_transport`; returns {"count", "missing", "path",
-        "worker_ms", "plan_refused"} and the transport's counters (CUDA IPC: "opened", "reused")."""
+        "worker_ms", "plan_refused"}, the transport's counters (CUDA IPC: "opened", "reused") and where the worker's
+        time went: "unpickle_ms", "receive_ms" (the transport's views), "apply_ms" (copies or merges, fingerprint
+        sums, the device synchronised)."""
         start = time.perf_counter()
         transport = getattr(self, "_rlsys_transport", None)
         if transport is None:
             raise RuntimeError("rlsys_load_weights: no transport set (rlsys_set_transport first)")
-        named = list(transport.receive(pickle.loads(payload), self.device))
+        payload = pickle.loads(payload)
+        unpickled = time.perf_counter()
+        named = list(transport.receive(payload, self.device))
+        received = time.perf_counter()
         lora = getattr(self, "_rlsys_lora", None)
         info = self._rlsys_load(named) if lora is None else self._rlsys_merge(lora, named)
-        info.update(worker_ms=(time.perf_counter() - start) * 1e3, **transport.counters())
+        end = time.perf_counter()
+        info.update(worker_ms=(end - start) * 1e3, unpickle_ms=(unpickled - start) * 1e3,
+                    receive_ms=(received - unpickled) * 1e3, apply_ms=(end - received) * 1e3, **transport.counters())
         return info
 
     def rlsys_set_lora(self, scale: float, serve: str = "merged") -> None:

@@ -281,6 +281,8 @@ class LoraSlots:
         self._plan = None  # names, buffers' signature, source indices, destination views, the B views among them
         self.last_sums: dict[str, int] | None = None  # bit sums of the adapters last written (a push's fingerprint)
         self._sums = ViewSums()
+        self._checked: list[torch.Tensor] = []  # the sources whose dtype and device were last compared
+        self._cast = False  # whether they differ from the slots' (then each push casts)
 
     def kept_bytes(self) -> int:
         """No copy of the base is kept (the slot buffers are vLLM's, counted in its weights)."""
@@ -294,10 +296,15 @@ class LoraSlots:
         signature = tuple(self._signature())
         if self._plan is None or self._plan[0] != names or self._plan[1] != signature:
             self._plan = (names, signature, *self._views(named))
+            self._checked = []  # new destinations: compare again
         _, _, index, dsts, b_dsts = self._plan
         srcs = [named[i][1] for i in index]
-        if any(s.dtype != d.dtype or s.device != d.device for s, d in zip(srcs, dsts)):  # the learner sends the
-            srcs = [s.to(d.device, d.dtype) for s, d in zip(srcs, dsts)]  # engine's dtype: normally no cast
+        if len(srcs) != len(self._checked) or any(s is not c for s, c in zip(srcs, self._checked)):
+            # a CUDA IPC receiver hands out the same views every push: compared once, not per push
+            self._cast = any(s.dtype != d.dtype or s.device != d.device for s, d in zip(srcs, dsts))
+            self._checked = srcs
+        if self._cast:  # the learner sends the engine's dtype: normally no cast
+            srcs = [s.to(d.device, d.dtype) for s, d in zip(srcs, dsts)]
         torch._foreach_copy_(dsts, srcs)
         if self.scale != 1.0:
             torch._foreach_mul_(b_dsts, self.scale)

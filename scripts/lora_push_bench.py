@@ -68,8 +68,10 @@ async def bench(args: argparse.Namespace) -> dict:
         learner.ipc_collect()
         if count != len(adapters):
             raise RuntimeError(f"push loaded {count} tensors, sent {len(adapters)}")
-        rows.append({"export_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3,
-                     "worker_ms": engine.last_load["worker_ms"], "total_ms": (t2 - t0) * 1e3})
+        load = engine.last_load  # the load's split: pickle + RPC (its worker part: unpickle, receive, apply)
+        rows.append({"export_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3, "worker_ms": load["worker_ms"],
+                     "total_ms": (t2 - t0) * 1e3,
+                     **{k: load[k] for k in ("pickle_ms", "rpc_ms", "unpickle_ms", "receive_ms", "apply_ms")}})
     nbytes = learner.sender.packer.total_bytes  # what travels: the adapters in the engine's dtype
     prompt, cont = canary_sequence(path)
     ref, got = learner.score(prompt, cont), await engine.score(prompt, cont)
@@ -105,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['adapter_tensors']} tensors, {result['adapter_mib']:.1f} MiB; "
           f"kept base {result['kept_base_mib']} MiB")
     print(f"push median: total {s['total_ms']:.2f} ms = export {s['export_ms']:.2f} + load {s['load_ms']:.2f} "
-          f"(worker {s['worker_ms']:.2f}); first push {result['first_push']['total_ms']:.1f} ms; "
-          f"canary diff {result['canary_diff']:.4f}")
+          f"(pickle {s['pickle_ms']:.2f} + rpc {s['rpc_ms']:.2f}, of which worker {s['worker_ms']:.2f} = unpickle "
+          f"{s['unpickle_ms']:.2f} + receive {s['receive_ms']:.2f} + apply {s['apply_ms']:.2f}); "
+          f"first push {result['first_push']['total_ms']:.1f} ms; canary diff {result['canary_diff']:.4f}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0

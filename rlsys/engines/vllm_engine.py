@@ -520,12 +520,14 @@ class VLLMEngine(Engine):
             self._workers_transport = transport
         loop = asyncio.get_running_loop()
         start = loop.time()
-        results = await self.llm.collective_rpc("rlsys_load_weights", args=(pickle.dumps(payload),))
+        blob = pickle.dumps(payload)
+        pickled = loop.time()
+        results = await self.llm.collective_rpc("rlsys_load_weights", args=(blob,))
         counts = sorted({int(r["count"]) for r in results})
         if len(counts) != 1:
             raise RuntimeError(f"weight push: vLLM workers loaded different numbers of tensors: {counts}")
         info = dict(results[0])
-        info["rpc_ms"] = (loop.time() - start) * 1e3
+        info["pickle_ms"], info["rpc_ms"] = (pickled - start) * 1e3, (loop.time() - pickled) * 1e3
         self.last_load = info
         missing = info.get("missing") or []
         if missing:

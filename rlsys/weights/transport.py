@@ -30,7 +30,8 @@ Torch only (no Ray, no vLLM): the vLLM worker extension (actors/vllm_ext.py) imp
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+import pickle
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -95,12 +96,33 @@ class ObjectStoreTransport:
 # ---------------------------------------------------------------------------------------------- CUDA IPC
 @dataclass
 class IpcBucket:
-    """One bucket as the CUDA IPC payload carries it: the buffer's rebuild handle and its tensor layout."""
+    """One bucket as the CUDA IPC payload carries it: the buffer's rebuild handle and its tensor layout.
+
+    The metas travel as ``blob``, their pickle made once by the sender (`CudaIpcTransport.export` keeps it with the
+    handle), and are unpickled on arrival only when the receiver has no views for this buffer and ``layout`` yet
+    (`IpcBufferCache.views`): pickling and unpickling the 392 metas of a 7B model's r=16 adapter took ~1.5 ms a
+    push on this project's CPU box, more than the copies it describes. Every hop of a payload (learner -> Ray ->
+    rollout actor -> vLLM's engine core) then pickles bytes."""
 
     handle: tuple[Any, tuple]  # (rebuild_cuda_tensor, args) from torch.multiprocessing.reductions.reduce_tensor
-    metas: list[TensorMeta]
+    metas: list[TensorMeta] | None  # None on arrival until `tensor_metas` unpickles ``blob``
     nbytes: int  # buffer size, (N,) uint8
     layout: int = 0  # identifies `metas` (same tensors at the same offsets): the receiver reuses its views
+    blob: bytes | None = field(default=None, repr=False, compare=False)  # pickle.dumps(metas), made once
+
+    def __reduce__(self) -> tuple:
+        blob = self.blob if self.blob is not None else pickle.dumps(self.metas)
+        return (_arrived_bucket, (self.handle, blob, self.nbytes, self.layout))
+
+    def tensor_metas(self) -> list[TensorMeta]:
+        """Where each tensor lies in the buffer (unpickled from ``blob`` on first use)."""
+        if self.metas is None:
+            self.metas = pickle.loads(self.blob)
+        return self.metas
+
+
+def _arrived_bucket(handle: tuple[Any, tuple], blob: bytes, nbytes: int, layout: int) -> IpcBucket:
+    return IpcBucket(handle=handle, metas=None, nbytes=nbytes, layout=layout, blob=blob)
 
 
 def layout_id(metas: list[TensorMeta]) -> int:
@@ -136,7 +158,8 @@ class CudaIpcTransport:
     one_receiver = False
 
     def __init__(self, receiver: IpcBufferCache | None = None) -> None:
-        self._handles: dict[tuple[int, int, int], tuple[Any, tuple, int]] = {}  # (ptr, nbytes, device) -> handle
+        # (ptr, nbytes, device) -> (handle, metas, layout id, pickled metas), made at a buffer's first push
+        self._handles: dict[tuple[int, int, int], tuple[Any, list[TensorMeta], int, bytes]] = {}
         self._receiver = receiver or IpcBufferCache()
 
     def __getstate__(self) -> dict:
@@ -163,10 +186,10 @@ class CudaIpcTransport:
             key = (b.buffer.data_ptr(), b.buffer.numel(), b.buffer.device.index)
             cached = self._handles.get(key)
             if cached is None or (cached[1] is not b.metas and cached[1] != b.metas):  # first push of this buffer
-                cached = (reduce_tensor(b.buffer), b.metas, layout_id(b.metas))
+                cached = (reduce_tensor(b.buffer), b.metas, layout_id(b.metas), pickle.dumps(b.metas))
                 self._handles[key] = cached
-            handle, metas, layout = cached
-            payload.append(IpcBucket(handle=handle, metas=metas, nbytes=b.buffer.numel(), layout=layout))
+            handle, metas, layout, blob = cached
+            payload.append(IpcBucket(handle=handle, metas=metas, nbytes=b.buffer.numel(), layout=layout, blob=blob))
         return payload
 
     def send(self, buckets: list[WeightBucket]) -> None:
@@ -253,7 +276,7 @@ class IpcBufferCache:
             key = (handle_key(bucket.handle), bucket.layout)
             bucket_views = self._views.get(key) if bucket.layout else None
             if bucket_views is None:  # slicing hundreds of views costs ms: once per buffer and layout
-                bucket_views = list(unpack_bucket(WeightBucket(buffer=buf, metas=bucket.metas)))
+                bucket_views = list(unpack_bucket(WeightBucket(buffer=buf, metas=bucket.tensor_metas())))
             views[key] = bucket_views
             named.extend(bucket_views)
         self._views = views
@@ -278,13 +301,15 @@ class FusedPack:
         self.buckets = packer.pack(named)  # the first push, checked; also gives the bucket objects to reuse
         views = dict(v for bucket in self.buckets for v in unpack_bucket(bucket))
         self.names = [n for n, _ in named]
-        self.specs = [(tuple(t.shape), t.dtype) for _, t in named]
+        self.specs = [(t.shape, t.dtype) for _, t in named]
         self.views = [views[n] for n in self.names]
 
+    @torch.no_grad()
     def pack(self, named: list[tuple[str, torch.Tensor]]) -> list[Any]:
-        if [n for n, _ in named] != self.names or [(tuple(t.shape), t.dtype) for _, t in named] != self.specs:
+        # per push: no tuple(shape) and no detach (no_grad instead): 0.34 ms less for 392 tensors on the CPU box
+        if [n for n, _ in named] != self.names or [(t.shape, t.dtype) for _, t in named] != self.specs:
             return self.packer.pack(named)
-        srcs = [t.detach() for _, t in named]
+        srcs = [t for _, t in named]
         if hasattr(torch, "_foreach_copy_"):
             torch._foreach_copy_(self.views, srcs)
         else:

@@ -21,7 +21,7 @@ esac
 dir=$out/$name; mkdir -p "$dir"
 what=${1:-all}
 if [ "$what" != step ]; then
-  for serve in merged adapter; do
+  for serve in ${SERVES:-merged adapter}; do
     python3 scripts/lora_push_bench.py --model "$model" --rank 16 --serve $serve --budget-gib $vllm_gib \
       --cache /tmp/rlsys-bench --out "$dir/push-$serve.json" > "$dir/push-$serve.log" 2>&1
     echo "push $serve rc=$?: $(tail -2 "$dir/push-$serve.log" | tr '\n' ' ')"

@@ -79,6 +79,30 @@ def test_ipc_cache_opens_each_buffer_once_and_drops_buffers_a_push_no_longer_sen
         cache.open([IpcBucket(ipc.handle(b"a", a), [], 9)], 0)
 
 
+def test_metas_travel_as_bytes_pickled_once_and_are_unpickled_only_for_views_not_made_yet():
+    ipc = FakeIpc()
+    named = hf_weights(0)
+    bucket = BucketPacker.for_tensors(named, bucket_bytes=1 << 20).pack(named)[0]
+    blob = pickle.dumps(bucket.metas)
+    sent = IpcBucket(ipc.handle(b"m", bucket.buffer), bucket.metas, bucket.nbytes, layout=layout_id(bucket.metas),
+                     blob=blob)
+    wire = pickle.dumps([sent])
+    assert blob in wire, "the sender's pickle of the metas travels as it is"
+    arrived = pickle.loads(wire)[0]
+    assert arrived.metas is None and arrived.blob == blob and arrived.layout == sent.layout
+    cache = IpcBufferCache(rebuild=lambda h, d: rebuild_ipc(h, d))
+    views = cache.views([arrived], 0)
+    assert arrived.metas == bucket.metas
+    assert [n for n, _ in views] == [n for n, _ in named]
+    assert all(torch.equal(v, t) for (_, v), (_, t) in zip(views, named))
+    again = pickle.loads(pickle.dumps(pickle.loads(wire)))[0]  # a second push, after one more hop
+    views_again = cache.views([again], 0)
+    assert all(x is y for (_, x), (_, y) in zip(views_again, views)) and len(views_again) == len(views)
+    assert again.metas is None, "cached views: the metas stay bytes"
+    plain = pickle.loads(pickle.dumps(IpcBucket(sent.handle, bucket.metas, bucket.nbytes)))  # made without a blob
+    assert plain.tensor_metas() == bucket.metas
+
+
 def test_fused_pack_fills_the_same_buffers_as_the_packer_and_falls_back_on_a_changed_layout():
     from rlsys.weights.buckets import unpack_bucket
     from rlsys.weights.transport import FusedPack

@@ -200,6 +200,24 @@ def test_slots_find_their_views_again_when_a_buffer_moves():
     assert moved.lora_a_stacked[0][0, 0, :2].eq(1).all() and moved.lora_b_stacked[0][0, 0, :, :2].eq(1).all()
 
 
+def test_slots_write_sources_refilled_in_place_on_every_push_and_new_ones_of_another_dtype():
+    """The dtype comparison is made once per set of source tensors (a CUDA IPC receiver hands out the same views each
+    push): the same float64 views refilled land again, cast, and new float32 ones replace them."""
+    layers = _vllm_lora_layers()
+    slots = VllmSlots(layers, _VllmLike.packed_modules_mapping, slot=0)
+    lora = LoraSlots(1.0, slots.resolve, slots.signature)
+    a, b = torch.ones(2, 8, dtype=torch.float64), torch.ones(8, 2, dtype=torch.float64)
+    named = [("attn.o_proj.lora_A", a), ("attn.o_proj.lora_B", b)]
+    a_slot, b_slot = layers["attn.o_proj"].lora_a_stacked[0][0, 0], layers["attn.o_proj"].lora_b_stacked[0][0, 0]
+    for value in (1.5, 2.5):  # the same objects, refilled in place as the receiver's views are
+        a.fill_(value)
+        b.fill_(-value)
+        lora.apply(named)
+        assert a_slot[:2].eq(value).all() and b_slot[:, :2].eq(-value).all()
+    lora.apply([("attn.o_proj.lora_A", torch.full((2, 8), 3.0)), ("attn.o_proj.lora_B", torch.full((8, 2), 4.0))])
+    assert a_slot[:2].eq(3.0).all() and b_slot[:, :2].eq(4.0).all() and a_slot.dtype == torch.float32
+
+
 def test_slot_rank_rounds_up_to_vllms_allowed_ranks():
     from rlsys.errors import UserInputError
 
