@@ -29,8 +29,8 @@ Torch only (no Ray, no vLLM): the vLLM worker extension (actors/vllm_ext.py) imp
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
 import pickle
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
