@@ -28,7 +28,7 @@ from jobs.items import PromptsNotMeasured, measured_prompt_tokens
 from rlsys.budget import kv_cache_refusal, suggest
 from rlsys.config import FLAGS, Config, add_config_args, config_from_args
 from rlsys.errors import UserInputError
-from rlsys.memory import GIB, JobShape, ModelShape, estimate, read_model_config, trained_groups
+from rlsys.memory import GIB, SUGGEST_MARGIN, JobShape, ModelShape, estimate, read_model_config, trained_groups
 
 
 def prompt_tokens_or_worst_case(cfg: Config, model_path: str) -> int | None:
@@ -83,6 +83,16 @@ def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | N
             proposal = shorter
         elif proposal is not None:
             lines.append(f"(rollout.max_model_len {tighter} would also do for these prompts; it saves no memory here)")
+    # a prompt length given (not measured): the train command states it, so that its check and split agree
+    given = {"rollout.budget_prompt_tokens": r.budget_prompt_tokens} if r.budget_prompt_tokens else {}
+    flags = {**(flags or {}), "--ckpt": cfg.model.ckpt, "--gpu-memory-budget-gib": f"{budget_gib:g}"}
+    if proposal is None and current.fits and not kv_refusal:  # rlsys train runs it as it is, with a thin margin
+        lines.append(f"\nno settings fit with the {SUGGEST_MARGIN:.0%} of the budget a proposal leaves for what the "
+                     f"estimate misses; as configured it fits, "
+                     f"{(current.budget_bytes - current.total_bytes) / GIB:.2f} GiB to spare, and rlsys train runs it "
+                     "(docs/performance.md: how close the estimate came to the measured peaks)")
+        lines.append("use: " + train_command(config_path, flags, overrides or [], given))
+        return 0, "\n".join(lines)
     if proposal is None:
         from rlsys.memory import minimum_bytes
 
@@ -101,9 +111,6 @@ def tune(cfg: Config, model_path: str, budget_gib: float, prompt_tokens: int | N
         same = proposal.job.max_model_len == job.max_model_len
         lines.append(f"\nno command to use: {'rollout.kv_cache_gib is refused (above)' if same else refusal}")
         return 2, "\n".join(lines)
-    # a prompt length given (not measured): the train command states it, so that its check and split agree
-    given = {"rollout.budget_prompt_tokens": r.budget_prompt_tokens} if r.budget_prompt_tokens else {}
-    flags = {**(flags or {}), "--ckpt": cfg.model.ckpt, "--gpu-memory-budget-gib": f"{budget_gib:g}"}
     lines.append("use: " + train_command(config_path, flags, overrides or [], {**proposal.changed, **given}))
     return 0, "\n".join(lines)
 

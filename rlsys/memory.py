@@ -77,9 +77,16 @@ from pathlib import Path
 from typing import Any
 
 GIB = 1 << 30
-CONTEXT_BYTES = int(0.75 * GIB)  # calibrate: CUDA context + cuBLAS/NCCL workspaces of one process (not in torch's cap)
+# one process's memory outside torch's allocator and vLLM's pool: its CUDA context, loaded kernels, cuBLAS/NCCL
+# workspaces. Calibrated: the whole device (NVML) less what the learner's allocator reserved and vLLM said it
+# holds (weights, KV cache, activations) left 1.78, 1.91 and 2.06 GiB for the two processes in three H100/H200
+# runs (7B and 14B LoRA, 1.5B full fine-tune: docs/performance.md, "The fixed memory of a process")
+CONTEXT_BYTES = 1 * GIB
 CUDA_GRAPH_BYTES = int(0.5 * GIB)  # calibrate: vLLM's captured graphs when enforce_eager is off
-ENGINE_STEP_TOKENS = 8192  # calibrate: tokens of vLLM's profiling step (max_num_batched_tokens)
+# the most tokens one vLLM step runs (max_num_batched_tokens): vLLM 0.26's default for AsyncLLM, whose chunked
+# prefill is on (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS; "Chunked prefill is enabled with
+# max_num_batched_tokens=2048" in every GPU log). vLLM's own profile of the 7B shape: 0.30 GiB peak activation
+ENGINE_STEP_TOKENS = 2048
 LOGPROB_CHUNK_BYTES = 1 << 28  # rlsys.algos.logprobs._CHUNK_BYTES
 LOGPROB_CHUNKS = 3  # float32 chunks alive at once in token_logprobs' backward: the chunk, x - lse, its exp
 MASK_ALIGN = 16  # the memory-efficient attention kernel pads its (converted) mask's rows to this many entries

@@ -353,7 +353,7 @@ def _lora_point(**kw):
 # max_new_tokens 96: peak reserved, docs/data/gpu-2026-12-05/peers/rlsys/metrics.jsonl.gz. budget-1.5b: the full
 # fine-tune of docs/performance.md section 4 (random Qwen2.5-1.5B, 8-bit Adam, checkpointing, mini_bs 2,
 # max_model_len 512): peak reserved, docs/data/gpu-2026-12-01b/budget-1.5b.json (with the float32 logits copy since
-# removed). The upper bound is 1.6x except where the fixed CUDA context and margins (~1 GiB) weigh on a 2.5 GiB peak.
+# removed). Every peak is the allocator's, so the upper bound (1.6x) is on the estimate less its CUDA context.
 GSM = {"seq_len": 1950, "prompt_tokens": 450, "max_model_len": 4096}
 TTT = {"seq_len": 270, "prompt_tokens": 230, "max_model_len": 1024}
 MEASURED = [
@@ -362,7 +362,7 @@ MEASURED = [
     ("gsm 16k tokens, sharing", QWEN05B, _lora_point(micro_batch_tokens=16384, **GSM), 33.49, 1.6),
     ("gsm 16k tokens, no sharing", QWEN05B, _lora_point(micro_batch_tokens=16384, prefix_sharing=False, **GSM), 42.97,
      1.6),
-    ("ttt mini_bs 4, sharing", QWEN05B, _lora_point(mini_bs=4, **TTT), 2.51, 1.8),
+    ("ttt mini_bs 4, sharing", QWEN05B, _lora_point(mini_bs=4, **TTT), 2.51, 1.6),
     ("ttt mini_bs 4, no sharing", QWEN05B, _lora_point(mini_bs=4, prefix_sharing=False, **TTT), 4.80, 1.6),
     ("ttt 4k tokens, sharing", QWEN05B, _lora_point(micro_batch_tokens=4096, **TTT), 5.18, 1.6),
     ("ttt 4k tokens, no sharing", QWEN05B, _lora_point(micro_batch_tokens=4096, prefix_sharing=False, **TTT), 12.16,
@@ -383,9 +383,43 @@ MEASURED = [
 @pytest.mark.parametrize("name, config, job, measured_gib, bound", MEASURED, ids=[m[0] for m in MEASURED])
 def test_learner_estimate_covers_every_measured_peak(name, config, job, measured_gib, bound):
     est = estimate(ModelShape.from_config(config), job)
-    assert measured_gib * GIB <= est.learner_bytes <= bound * measured_gib * GIB, est.table()
+    allocator = est.learner_bytes - CONTEXT_BYTES
+    assert measured_gib * GIB <= est.learner_bytes and allocator <= bound * measured_gib * GIB, est.table()
     if name.startswith(("gsm", "ttt")):  # peaks allocated: the allocator's share (no CUDA context) covers them too
         assert measured_gib * GIB <= est.learner_bytes - CONTEXT_BYTES
+
+
+# tests/gpu/lora7b.sh step: three GSPO steps of tic-tac-toe with LoRA r=16 served from vLLM's slot, a 4-bit learner
+# base, kv_cache_gib 0.5; the whole device's peak (NVML) on an H100: 7B 23.91 GiB (docs/data/gpu-2026-12-06d/lora7b),
+# 14B 41.63 GiB (docs/data/gpu-2026-12-07/lora14b-c0b25b7). Prompts of ~250 tokens (`rlsys tune --prompt-tokens 250`).
+LORA_STEP = ["rollout.engine=vllm", "rollout.enforce_eager=true", "rollout.batch_size=4", "rollout.n_samples=8",
+             "rollout.max_new_tokens=64", "rollout.max_model_len=512", "rollout.kv_cache_gib=0.5", "learner.mini_bs=1",
+             "learner.adam_8bit=true", "model.gradient_checkpointing=true", "learner.lora.enabled=true",
+             "learner.lora.rank=16", "learner.lora.serve=adapter", "learner.lora.base_4bit=true"]
+
+
+@pytest.mark.parametrize("sizes, measured_gib, budget_gib", [("QWEN7B_SIZES", 23.91, 24), ("QWEN14B_SIZES", 41.63, 48)],
+                         ids=["7B", "14B"])
+def test_the_estimate_covers_the_whole_devices_peak_of_the_lora_steps(tmp_path, sizes, measured_gib, budget_gib):
+    """The whole job, CUDA contexts and vLLM's activations included, against the device's measured peak: at or over
+    it and within 3%; the 7B shape's job fits its 24 GiB budget (issue 27), as `rlsys tune` then says."""
+    import jobs.bench_models
+    from jobs.tune import tune
+    from rlsys.budget import job_estimate
+    from rlsys.config import load_config
+
+    script = open("tests/gpu/lora7b.sh").read()
+    assert all(o in script for o in LORA_STEP), "the GPU run's settings changed: remeasure and update this test"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", **getattr(jobs.bench_models, sizes)}))
+    run = {"--ckpt": str(tmp_path), "--run-dir": str(tmp_path / "r")}
+    cfg = load_config("configs/tictactoe-tiny-cpu.toml", flags=run,
+                      overrides=[*LORA_STEP, f"rollout.gpu_memory_budget_gib={budget_gib}",
+                                 "rollout.budget_prompt_tokens=250"])
+    est = job_estimate(cfg, tmp_path)
+    assert measured_gib * GIB <= est.total_bytes <= 1.03 * measured_gib * GIB, est.table()
+    assert est.fits
+    status, report = tune(cfg, str(tmp_path), budget_gib, prompt_tokens=250)
+    assert status == 0 and "\nuse: rlsys train " in report and "--gpu-memory-budget-gib " in report, report
 
 
 def test_the_tictactoe_recipe_fits_an_80_gib_budget_and_sharing_is_what_makes_it_small(tmp_path):
