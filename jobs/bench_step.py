@@ -109,7 +109,7 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
     out.update({"config": args.config, "model": cfg.model.ckpt, "run_dir": run_dir, "wall_s": wall,
                 "layout": {"world_size": cfg.cluster.world_size, "tp_size": cfg.cluster.tp_size,
                            "enforce_eager": r.enforce_eager, "keep_awake": r.keep_awake},
-                "gpu_peak_gib": gpus.peaks_gib(),
+                "gpu_peak_gib": gpus.peaks_gib(), "gpu_process_peaks": gpus.process_peaks_gib(),
                 "budget_gib": r.gpu_memory_budget_gib, "episodes_per_step": r.batch_size * r.n_samples,
                 "per_step": [{k: v for k, v in row.items() if k.split("/")[0] in ("step", "time", "mem", "perf")}
                              for row in rows]})
@@ -120,13 +120,16 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
 
 class GpuPeakSampler:
     """Every visible GPU's peak device memory in use (NVML, all processes) while the block runs, sampled every
-    ``interval_s`` in a thread: per GPU, for runs over several GPUs (`python -m jobs.bench compare`). Without
-    NVML or a GPU, ``peaks_gib()`` is None."""
+    ``interval_s`` in a thread: per GPU, for runs over several GPUs (`python -m jobs.bench compare`), and per
+    process (``process_peaks_gib()``: the learner's and vLLM's engine core's whole use, their CUDA contexts
+    included, which the estimate's "CUDA context" line is calibrated from). Without NVML or a GPU,
+    ``peaks_gib()`` is None."""
 
     def __init__(self, interval_s: float = 0.25) -> None:
         import threading
 
         self.interval_s, self._stop, self._peaks = interval_s, threading.Event(), None
+        self._procs: dict[int, int] = {}  # pid -> peak bytes NVML attributes to it
         self._thread = threading.Thread(target=self._run, name="rlsys-gpu-sampler", daemon=True)
 
     def __enter__(self) -> "GpuPeakSampler":
@@ -144,8 +147,19 @@ class GpuPeakSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for i, h in enumerate(self._handles):
-                self._peaks[i] = max(self._peaks[i], self._nvml.nvmlDeviceGetMemoryInfo(h).used)
+            self.sample()
+
+    def sample(self) -> None:
+        """One reading of every GPU and its processes into the peaks."""
+        for i, h in enumerate(self._handles):
+            self._peaks[i] = max(self._peaks[i], self._nvml.nvmlDeviceGetMemoryInfo(h).used)
+            try:
+                procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except Exception:  # not supported here (some containers): the device's peak still counts
+                continue
+            for proc in procs:
+                used = proc.usedGpuMemory or 0  # None where the driver does not say
+                self._procs[proc.pid] = max(self._procs.get(proc.pid, 0), used)
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
@@ -154,6 +168,18 @@ class GpuPeakSampler:
 
     def peaks_gib(self) -> list[float] | None:
         return None if not self._peaks else [b / GIB for b in self._peaks]
+
+    def process_peaks_gib(self) -> list[dict[str, Any]]:
+        """Each GPU process seen: pid, its command line where this process can read it (another PID namespace
+        cannot), and its peak in GiB, largest first."""
+        out = []
+        for pid, peak in sorted(self._procs.items(), key=lambda kv: -kv[1]):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            except OSError:
+                cmd = None
+            out.append({"pid": pid, "cmd": cmd and cmd.strip(), "peak_gib": peak / GIB})
+        return out
 
 
 def print_step_table(r: dict[str, Any]) -> None:
@@ -179,6 +205,8 @@ def print_step_table(r: dict[str, Any]) -> None:
               + (f"; budget {r['budget_gib']} -> {'under' if r.get('under_budget') else 'OVER'}" if r["budget_gib"] else ""))
     else:
         print("GPU memory: null (no GPU)")
+    for proc in r.get("gpu_process_peaks") or []:
+        print(f"GPU process {proc['pid']}: peak {proc['peak_gib']:.2f} GiB ({proc['cmd'] or 'command not readable'})")
     if r["startup"]:
         print("startup (s after process start): " + ", ".join(f"{k} {v:.1f}" for k, v in r["startup"].items()))
 

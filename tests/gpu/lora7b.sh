@@ -7,6 +7,8 @@
 # kv_cache_gib 0.5, 24.40 with 1; docs/gpu.md), alone on the GPU (NVML reads the whole device). Results under
 # $OUT/lora7b/.
 #   bash tests/gpu/lora7b.sh [push|step|all]
+# BUDGET=24: the step run under `rollout.gpu_memory_budget_gib` (the learner's allocator capped at its share; the job
+# refused before Ray if the estimate says it does not fit), results in step-adapter-4bit-kv05-b24.json.
 # MODEL=qwen14b-random: the same for the 14B shape (issue 27's 48 GiB goal; `rlsys tune` estimates its step at 41.99
 # GiB with these settings, docs/gpu.md), results under $OUT/lora14b/. The random model is built once under
 # /tmp/rlsys-bench (the 14B one ~30 GB on disk).
@@ -28,11 +30,13 @@ if [ "$what" != step ]; then
   done
 fi
 if [ "$what" != push ]; then
+  step=step-adapter-4bit-kv05${BUDGET:+-b$BUDGET}
   python3 -m jobs.bench step --config configs/tictactoe-tiny-cpu.toml --model "$model" --cache /tmp/rlsys-bench \
-    --steps 3 --random-reward --out "$dir/step-adapter-4bit-kv05.json" rollout.engine=vllm rollout.enforce_eager=true \
+    --steps 3 --random-reward --out "$dir/$step.json" rollout.engine=vllm rollout.enforce_eager=true \
     rollout.batch_size=4 rollout.n_samples=8 rollout.max_new_tokens=64 rollout.max_model_len=512 \
     rollout.kv_cache_gib=0.5 learner.mini_bs=1 learner.adam_8bit=true model.gradient_checkpointing=true \
     logging.tensorboard=false learner.lora.enabled=true learner.lora.rank=16 learner.lora.serve=adapter \
-    learner.lora.base_4bit=true sync.canary_tol=5 > "$dir/step-adapter-4bit-kv05.log" 2>&1
-  echo "step rc=$?: $(grep -E "GPU memory|step|canary" "$dir/step-adapter-4bit-kv05.log" | tail -4 | tr '\n' ' ')"
+    learner.lora.base_4bit=true sync.canary_tol=5 ${BUDGET:+rollout.gpu_memory_budget_gib=$BUDGET} \
+    > "$dir/$step.log" 2>&1
+  echo "step rc=$?: $(grep -E "GPU memory|GPU process|step|canary" "$dir/$step.log" | tail -6 | tr '\n' ' ')"
 fi

@@ -42,3 +42,36 @@ def test_compare_refuses_a_malformed_run_spec(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "no-equals-sign"])
     assert "is not NAME=FILE.json" in capsys.readouterr().err
+
+
+def test_the_gpu_sampler_keeps_each_process_peak_and_the_device_peak_without_per_process_support():
+    """What calibrates the estimate's fixed memory per process: NVML's per-process use, peaked over samples; a
+    device whose driver refuses per-process queries still gives the device's peak."""
+    import os
+    from types import SimpleNamespace
+
+    from jobs.bench_step import GIB, GpuPeakSampler
+
+    readings = iter([(10 * GIB, [(os.getpid(), 4 * GIB), (999_999_999, 6 * GIB)]),
+                     (12 * GIB, [(os.getpid(), 5 * GIB), (999_999_999, None)]),
+                     (11 * GIB, RuntimeError("NVML_ERROR_NOT_SUPPORTED"))])
+    now = {}
+
+    def memory(handle):
+        now["used"], now["procs"] = next(readings)
+        return SimpleNamespace(used=now["used"])
+
+    def processes(handle):
+        if isinstance(now["procs"], Exception):
+            raise now["procs"]
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in now["procs"]]
+
+    sampler = GpuPeakSampler()
+    sampler._handles, sampler._peaks = ["gpu0"], [0]
+    sampler._nvml = SimpleNamespace(nvmlDeviceGetMemoryInfo=memory, nvmlDeviceGetComputeRunningProcesses=processes)
+    for _ in range(3):
+        sampler.sample()
+    assert sampler.peaks_gib() == [12.0]
+    procs = sampler.process_peaks_gib()
+    assert [(p["pid"], p["peak_gib"]) for p in procs] == [(999_999_999, 6.0), (os.getpid(), 5.0)]
+    assert procs[0]["cmd"] is None and "python" in procs[1]["cmd"]  # an unreadable pid, and this one's command
