@@ -170,16 +170,12 @@ class GpuPeakSampler:
         return None if not self._peaks else [b / GIB for b in self._peaks]
 
     def process_peaks_gib(self) -> list[dict[str, Any]]:
-        """Each GPU process seen: pid, its command line where this process can read it (another PID namespace
-        cannot), and its peak in GiB, largest first."""
-        out = []
-        for pid, peak in sorted(self._procs.items(), key=lambda kv: -kv[1]):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
-            except OSError:
-                cmd = None
-            out.append({"pid": pid, "cmd": cmd and cmd.strip(), "peak_gib": peak / GIB})
-        return out
+        """Each GPU process seen, largest peak first: NVML's pid and the peak in GiB. The pid is NVML's, which in a
+        container can be the host's: it names no process here (on the GPU machine one such pid matched an
+        unrelated local process), so no command is looked up; alone on the GPU, a job's two largest are vLLM's
+        engine core and the learner."""
+        ranked = sorted(self._procs.items(), key=lambda kv: -kv[1])
+        return [{"pid": pid, "peak_gib": peak / GIB} for pid, peak in ranked]
 
 
 def print_step_table(r: dict[str, Any]) -> None:
@@ -206,7 +202,7 @@ def print_step_table(r: dict[str, Any]) -> None:
     else:
         print("GPU memory: null (no GPU)")
     for proc in r.get("gpu_process_peaks") or []:
-        print(f"GPU process {proc['pid']}: peak {proc['peak_gib']:.2f} GiB ({proc['cmd'] or 'command not readable'})")
+        print(f"GPU process {proc['pid']} (NVML's pid): peak {proc['peak_gib']:.2f} GiB")
     if r["startup"]:
         print("startup (s after process start): " + ", ".join(f"{k} {v:.1f}" for k, v in r["startup"].items()))
 

@@ -9,7 +9,7 @@
 #   bash tests/gpu/lora7b.sh [push|step|all]
 # BUDGET=24: the step run under `rollout.gpu_memory_budget_gib` (the learner's allocator capped at its share; the job
 # refused before Ray if the estimate says it does not fit), results in step-adapter-4bit-kv05-b24.json.
-# MODEL=qwen14b-random: the same for the 14B shape (issue 27's 48 GiB goal; `rlsys tune` estimates its step at 41.99
+# MODEL=qwen14b-random: the same for the 14B shape (issue 27's 48 GiB goal; `rlsys tune` estimates its step at 41.78
 # GiB with these settings, docs/gpu.md), results under $OUT/lora14b/. The random model is built once under
 # /tmp/rlsys-bench (the 14B one ~30 GB on disk).
 set -u
@@ -38,5 +38,6 @@ if [ "$what" != push ]; then
     logging.tensorboard=false learner.lora.enabled=true learner.lora.rank=16 learner.lora.serve=adapter \
     learner.lora.base_4bit=true sync.canary_tol=5 ${BUDGET:+rollout.gpu_memory_budget_gib=$BUDGET} \
     > "$dir/$step.log" 2>&1
-  echo "step rc=$?: $(grep -E "GPU memory|GPU process|step|canary" "$dir/$step.log" | tail -6 | tr '\n' ' ')"
+  echo "step rc=$?: $(grep -E "GPU memory|canary" "$dir/$step.log" | tail -2 | tr '\n' ' ')"
+  grep "^GPU process" "$dir/$step.log" | head -4  # alone on the GPU: vLLM's engine core and the learner first
 fi

@@ -72,6 +72,4 @@ def test_the_gpu_sampler_keeps_each_process_peak_and_the_device_peak_without_per
     for _ in range(3):
         sampler.sample()
     assert sampler.peaks_gib() == [12.0]
-    procs = sampler.process_peaks_gib()
-    assert [(p["pid"], p["peak_gib"]) for p in procs] == [(999_999_999, 6.0), (os.getpid(), 5.0)]
-    assert procs[0]["cmd"] is None and "python" in procs[1]["cmd"]  # an unreadable pid, and this one's command
+    assert sampler.process_peaks_gib() == [{"pid": 999_999_999, "peak_gib": 6.0}, {"pid": os.getpid(), "peak_gib": 5.0}]
