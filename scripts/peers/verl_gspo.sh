@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# verl 0.9.1 doing rlsys's tic-tac-toe GSPO work (issue 25, docs/peers.md). NOT YET RUN ON A GPU: the overrides
-# were checked only against verl's config schema on a CPU machine (docs/peers.md says how far that went).
+# verl 0.9.1 doing rlsys's tic-tac-toe GSPO work (issue 25, docs/peers.md). Started once on a GPU (2026-12-07): verl's
+# config check accepted every override below, then its trainer stopped at a missing module (TransferQueue, now
+# packed); it has not trained a step yet (docs/peers.md says how far it went).
 #
 #   MODEL=/path/to/qwen-folder OUT=/tmp/peers/verl bash scripts/peers/verl_gspo.sh
 #
