@@ -232,8 +232,22 @@ def test_summarize_by_kind_counts_each_kind_against_its_own_success():
                 "legal_suboptimal",  # any legal move on a lost board
                 "optimal", "occupied"]
     m = summarize_by_kind(items, outcomes)
-    assert m == {"win_taken_rate": 1 / 3, "win_episodes": 3.0, "block_rate": 0.5, "block_episodes": 2.0,
-                 "lost_legal_rate": 1.0, "lost_episodes": 1.0, "other_optimal_rate": 0.5, "other_episodes": 2.0}
+    assert m == {"win_taken_rate": 1 / 3, "win_later_rate": 1 / 3, "win_episodes": 3.0, "block_rate": 0.5,
+                 "block_episodes": 2.0, "lost_legal_rate": 1.0, "lost_episodes": 1.0, "other_optimal_rate": 0.5,
+                 "other_episodes": 2.0}
+
+
+def test_the_missed_wins_split_into_slower_wins_and_worse_moves():
+    """`win_later_rate` counts, on boards with an immediate win only, the answers that still force a win later."""
+    from rlsys.envs.tictactoe import game
+    from rlsys.envs.tictactoe.reward import summarize_by_kind
+
+    win, other = "XX..O..O.", "XO......."
+    assert [game.move_outcome(win, sq) for sq in (3, 4, 6)] == ["win", "optimal", "legal_suboptimal"]
+    items = [{"board": b} for b in (win, win, win, win, other)]
+    m = summarize_by_kind(items, ["win", "optimal", "optimal", "legal_suboptimal", "optimal"])
+    assert (m["win_taken_rate"], m["win_later_rate"], m["other_optimal_rate"]) == (0.25, 0.5, 1.0)
+    assert "win_later_rate" not in summarize_by_kind([{"board": other}], ["optimal"])  # no such boards, no rate
 
 
 def test_summarize_by_kind_leaves_out_the_rate_of_an_absent_kind():
@@ -253,10 +267,13 @@ def test_episode_metrics_name_the_one_rate_the_board_tests():
     assert ENV.episode_metrics is episode_metrics
     square = lambda n: _output(_call(json.dumps({"square": n})))  # noqa: E731
     win, block, lost, other = (make_item(b) for b in ("XX.OO....", "X....XOO.", "...XOXOXO", "XO......."))
-    assert episode_metrics({"item": win, "output": square(3)}) == {"win_taken": 1.0}
+    assert episode_metrics({"item": win, "output": square(3)}) == {"win_taken": 1.0, "win_later": 0.0}
     # any other move (6 blocks O instead of winning) and a broken call are misses
-    assert episode_metrics({"item": win, "output": square(6)}) == {"win_taken": 0.0}
-    assert episode_metrics({"item": win, "output": _output(_call("{broken"))}) == {"win_taken": 0.0}
+    assert episode_metrics({"item": win, "output": square(6)}) == {"win_taken": 0.0, "win_later": 0.0}
+    assert episode_metrics({"item": win, "output": _output(_call("{broken"))}) == {"win_taken": 0.0, "win_later": 0.0}
+    # a move that still forces a win later is a miss too, counted apart
+    later = make_item("XX..O..O.")
+    assert episode_metrics({"item": later, "output": square(4)}) == {"win_taken": 0.0, "win_later": 1.0}
     assert episode_metrics({"item": block, "output": square(9)}) == {"block": 1.0}
     assert episode_metrics({"item": block, "output": square(2)}) == {"block": 0.0}
     assert episode_metrics({"item": lost, "output": square(1)}) == {"lost_legal": 1.0}

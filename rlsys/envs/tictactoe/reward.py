@@ -126,6 +126,8 @@ def summarize(outcomes: list[str]) -> dict[str, float]:
             "win_move_rate": sum(o == "win" for o in outcomes) / n}
 
 
+# on a board with an immediate win, the label of a move that forces a win later instead (0.8, not 1.0)
+WIN_LATER = "optimal"
 # per board kind: the rate reported and the outcomes that count as success there
 KIND_RATES = {
     "win": ("win_taken_rate", ("win",)),  # an immediate win exists: was it taken?
@@ -143,25 +145,37 @@ def episode_metrics(record: dict) -> dict[str, float]:
     stops improving on wins or blocks shows as it trains, not only at the end. (Without `_rate` an evaluation's
     copy, `eval/episode/win_taken`, is not printed again as if `episode` were a prompt variant.)"""
     board, square_or_label = _board_and_move(record)  # the item checked once
-    name, hits = KIND_RATES[game.board_kind(board)]
-    return {name.removesuffix("_rate"): float(_label(board, square_or_label) in hits)}
+    kind = game.board_kind(board)
+    name, hits = KIND_RATES[kind]
+    label = _label(board, square_or_label)
+    out = {name.removesuffix("_rate"): float(label in hits)}
+    if kind == "win":  # a miss there is either a slower forced win or a worse move (`win_later_rate`)
+        out["win_later"] = float(label == WIN_LATER)
+    return out
 
 
 def summarize_by_kind(items: list[dict], outcomes: list[str]) -> dict[str, float]:
     """Evaluation rates split by board kind (`game.board_kind`), one outcome per item (a failed episode's outcome
     is any other label and counts as a miss): `win_taken_rate`, `block_rate` (exactly the optimal rate on those
-    boards), `lost_legal_rate`, `other_optimal_rate`, and `<kind>_episodes`. A kind without episodes gets no rate."""
+    boards), `lost_legal_rate`, `other_optimal_rate`, and `<kind>_episodes`. A kind without episodes gets no rate.
+    Beside `win_taken_rate`, `win_later_rate`: the share of the boards with an immediate win where the answer was a
+    move that still forces a win later (`optimal`, 0.8), so that the missed wins split into slower wins and worse
+    moves (1 - taken - later)."""
     if len(items) != len(outcomes):
         raise ValueError(f"summarize_by_kind: {len(items)} items but {len(outcomes)} outcomes")
     hits = dict.fromkeys(game.BOARD_KINDS, 0)
     episodes = dict.fromkeys(game.BOARD_KINDS, 0)
+    later = 0
     for item, label in zip(items, outcomes):
         kind = game.board_kind(item["board"])
         episodes[kind] += 1
         hits[kind] += label in KIND_RATES[kind][1]
+        later += kind == "win" and label == WIN_LATER
     out: dict[str, float] = {}
     for kind in game.BOARD_KINDS:
         if episodes[kind]:
             out[KIND_RATES[kind][0]] = hits[kind] / episodes[kind]
+            if kind == "win":  # printed next to the wins taken
+                out["win_later_rate"] = later / episodes[kind]
         out[f"{kind}_episodes"] = float(episodes[kind])
     return out
