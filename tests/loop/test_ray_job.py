@@ -7,7 +7,6 @@ default for local clusters), with the same RAY_AUTH_MODE for the head and the `r
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.loop.conftest import REPO
+from tests.ray_head import stop_head
 
 pytestmark = pytest.mark.timeout(420)
 RAY = Path(sys.executable).parent / "ray"
@@ -59,11 +59,7 @@ def ray_head():
             pytest.fail(f"ray head did not come up:\n{head.stdout.read() if head.stdout else ''}\n{probe.stderr}")
         time.sleep(2)
     yield address, env
-    os.killpg(head.pid, signal.SIGTERM)
-    try:
-        head.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(head.pid, signal.SIGKILL)
+    stop_head(head)
 
 
 def _ray(env, *args: str) -> subprocess.CompletedProcess:

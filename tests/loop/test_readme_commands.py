@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 from tests.loop.conftest import REPO
+from tests.ray_head import stop_head
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 HEADING = "## Submitting to a Ray cluster"
@@ -104,12 +105,7 @@ def test_readme_ray_cluster_block_runs_as_written(clone):
                 dashboard = _dashboard_auth(address, done.stdout.strip())
     finally:
         if head is not None:
-            os.killpg(head.pid, signal.SIGTERM)
-            try:
-                head_out, _ = head.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(head.pid, signal.SIGKILL)
-                head_out, _ = head.communicate()
+            head_out = stop_head(head)
     assert head is not None, f"the block starts no head: {lines}"
     assert f"Jobs' python: {clone}/.venv/bin/python" in head_out, head_out[-3000:]
 
