@@ -27,6 +27,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def host() -> dict:
+    """What the push's CPU-bound share depends on: the CPU's model, the cores, and a fixed pure-Python workload's time
+    (the same H100 code read 3.03 ms on one host and 5.21-8.07 ms on another, 2026-12-07: compare pushes by this)."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").is_file() else "unknown"
+    probe = []
+    for _ in range(5):
+        t = time.perf_counter()
+        sum(i * i for i in range(200_000))
+        probe.append((time.perf_counter() - t) * 1e3)
+    return {"cpu_model": model, "cpus": os.cpu_count(), "python_probe_ms": min(probe)}
+
+
 async def bench(args: argparse.Namespace) -> dict:
     import torch
 
@@ -79,10 +92,12 @@ async def bench(args: argparse.Namespace) -> dict:
     kept = engine.last_load.get("kept_base_mib")
     await engine.shutdown()
     steady = {k: statistics.median(r[k] for r in rows[1:]) for k in rows[0]}
-    return {"model": args.model, "rank": args.rank, "targets": cfg.learner.lora.target_modules, "serve": args.serve,
+    return {"host": host(), "gpu": torch.cuda.get_device_name(),
+            "model": args.model, "rank": args.rank, "targets": cfg.learner.lora.target_modules, "serve": args.serve,
             "path": engine.last_load.get("path"),
             "adapter_tensors": len(adapters), "adapter_mib": nbytes / 2**20, "kept_base_mib": kept,
-            "first_push": rows[0], "steady_median": steady, "canary_diff": canary, "pushes": rows,
+            "first_push": rows[0], "steady_median": steady, "steady_min_total_ms": min(r["total_ms"] for r in rows[1:]),
+            "canary_diff": canary, "pushes": rows,
             "peak_allocated_gib_this_process": torch.cuda.max_memory_allocated() / 2**30}
 
 
@@ -110,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(pickle {s['pickle_ms']:.2f} + rpc {s['rpc_ms']:.2f}, of which worker {s['worker_ms']:.2f} = unpickle "
           f"{s['unpickle_ms']:.2f} + receive {s['receive_ms']:.2f} + apply {s['apply_ms']:.2f}); "
           f"first push {result['first_push']['total_ms']:.1f} ms; canary diff {result['canary_diff']:.4f}")
+    h = result["host"]
+    print(f"fastest push {result['steady_min_total_ms']:.2f} ms; host: {h['cpu_model']}, {h['cpus']} CPUs, "
+          f"Python probe {h['python_probe_ms']:.1f} ms; {result['gpu']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
