@@ -5,6 +5,9 @@
 #   bash scripts/peers/device.sh wait NAME S   # waits up to S s; once the run ended, `rlsys eval` on its final
 #                                              # model (same held-out boards, --perturb); copies the results to $OUT
 #   EXTRA="rollout.kv_cache_gib=4" bash scripts/peers/device.sh start rlsys   # more overrides for the rlsys run
+#   RANDOM_MODEL=1 bash scripts/peers/device.sh start verl   # a random model instead of the GGUF's (no Qwen bundle
+#                                              # needed): does the framework start and train at all (verl's first
+#                                              # start, 2026-12-07, stopped at a missing module)
 # One run at a time, alone on the GPU. Every run gets the same GPU memory log: nvidia-smi's memory.used each second
 # (mem.csv; the peak is its max), whatever the framework reports itself.
 set -u
@@ -20,6 +23,11 @@ equal_work="max_steps=100 max_train_minutes=120 rollout.n_samples=4 algo.dynamic
   checkpoint.save_interval=100"
 
 model_folder() {  # rlsys's conversion of the GGUF (cached; up to 136 s on a fresh machine: give `start` 300 s)
+  if [ "${RANDOM_MODEL:-0}" = 1 ]; then  # jobs.bench's random Qwen2.5-0.5B shape, rlsys's tiny tokenizer: plumbing only
+    python3 -c "from pathlib import Path; from jobs.bench_models import model_folder as m
+print(m('qwen0.5b-random', Path('/tmp/rlsys-bench')))" | tail -1
+    return
+  fi
   python3 -c "import sys; from rlsys.models.resolve import resolve_model; print(resolve_model(sys.argv[1]))" "$gguf" | tail -1
 }
 
