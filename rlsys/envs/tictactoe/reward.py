@@ -126,32 +126,27 @@ def summarize(outcomes: list[str]) -> dict[str, float]:
             "win_move_rate": sum(o == "win" for o in outcomes) / n}
 
 
-# on a board with an immediate win, the label of a move that forces a win later instead (0.8, not 1.0)
-WIN_LATER = "optimal"
-# per board kind: the rate reported and the outcomes that count as success there
+# per board kind: the rates reported, each with the outcomes it counts there (the first rate is the kind's success)
 KIND_RATES = {
-    "win": ("win_taken_rate", ("win",)),  # an immediate win exists: was it taken?
-    "block": ("block_rate", ("optimal", "win")),  # O threatens, X has no win: the only non-losing move is the block
-    "lost": ("lost_legal_rate", ("legal_suboptimal", "optimal", "win")),  # every legal move is optimal
-    "other": ("other_optimal_rate", ("optimal", "win")),
+    "win": (("win_taken_rate", ("win",)),  # an immediate win exists: was it taken?
+            ("win_later_rate", ("optimal",))),  # or a move that still forces a win later (0.8): a miss, counted apart
+    "block": (("block_rate", ("optimal", "win")),),  # O threatens, X has no win: the only non-losing move is the block
+    "lost": (("lost_legal_rate", ("legal_suboptimal", "optimal", "win")),),  # every legal move is optimal
+    "other": (("other_optimal_rate", ("optimal", "win")),),
 }
 
 
 def episode_metrics(record: dict) -> dict[str, float]:
-    """The one `summarize_by_kind` rate this episode's board tests, as 0.0 or 1.0, named without `_rate`:
-    `win_taken` on a board with an immediate win, `block`, `lost_legal` or `other_optimal`. Averaged over a training
-    step's episodes that report it (`Environment.episode_metrics`), they are the sampled policy's rates by kind of
-    board during training (`episode/win_taken`, ...), beside the held-out eval's `win_taken_rate`, ...: where a run
-    stops improving on wins or blocks shows as it trains, not only at the end. (Without `_rate` an evaluation's
-    copy, `eval/episode/win_taken`, is not printed again as if `episode` were a prompt variant.)"""
+    """The `summarize_by_kind` rates this episode's board tests, each 0.0 or 1.0, named without `_rate`:
+    `win_taken` and `win_later` on a board with an immediate win, else `block`, `lost_legal` or `other_optimal`.
+    Averaged over a training step's episodes that report them (`Environment.episode_metrics`), they are the sampled
+    policy's rates by kind of board during training (`episode/win_taken`, ...), beside the held-out eval's
+    `win_taken_rate`, ...: where a run stops improving on wins or blocks shows as it trains, not only at the end.
+    (Without `_rate` an evaluation's copy, `eval/episode/win_taken`, is not printed again as if `episode` were a
+    prompt variant.)"""
     board, square_or_label = _board_and_move(record)  # the item checked once
-    kind = game.board_kind(board)
-    name, hits = KIND_RATES[kind]
     label = _label(board, square_or_label)
-    out = {name.removesuffix("_rate"): float(label in hits)}
-    if kind == "win":  # a miss there is either a slower forced win or a worse move (`win_later_rate`)
-        out["win_later"] = float(label == WIN_LATER)
-    return out
+    return {name.removesuffix("_rate"): float(label in counted) for name, counted in KIND_RATES[game.board_kind(board)]}
 
 
 def summarize_by_kind(items: list[dict], outcomes: list[str]) -> dict[str, float]:
@@ -163,19 +158,16 @@ def summarize_by_kind(items: list[dict], outcomes: list[str]) -> dict[str, float
     moves (1 - taken - later)."""
     if len(items) != len(outcomes):
         raise ValueError(f"summarize_by_kind: {len(items)} items but {len(outcomes)} outcomes")
-    hits = dict.fromkeys(game.BOARD_KINDS, 0)
+    hits = {name: 0 for rates in KIND_RATES.values() for name, _ in rates}
     episodes = dict.fromkeys(game.BOARD_KINDS, 0)
-    later = 0
     for item, label in zip(items, outcomes):
         kind = game.board_kind(item["board"])
         episodes[kind] += 1
-        hits[kind] += label in KIND_RATES[kind][1]
-        later += kind == "win" and label == WIN_LATER
+        for name, counted in KIND_RATES[kind]:
+            hits[name] += label in counted
     out: dict[str, float] = {}
     for kind in game.BOARD_KINDS:
         if episodes[kind]:
-            out[KIND_RATES[kind][0]] = hits[kind] / episodes[kind]
-            if kind == "win":  # printed next to the wins taken
-                out["win_later_rate"] = later / episodes[kind]
+            out.update({name: hits[name] / episodes[kind] for name, _ in KIND_RATES[kind]})
         out[f"{kind}_episodes"] = float(episodes[kind])
     return out
