@@ -74,6 +74,11 @@ wait_for() {
   fi
   mkdir -p "$out/$peer"
   cp "$P"/*.json "$P"/*.jsonl "$P"/*.log "$P"/mem.csv "$P"/t_command "$out/$peer/" 2>/dev/null
+  # the Ray workers' own logs (verl's and TRL's actors print there, not to run.log: verl's second start went quiet
+  # at `create worker group` with nothing on the GPU, 2026-12-07): the last 200 lines of each, one file
+  for f in /tmp/ray/session_latest/logs/worker-*.{err,out}; do
+    [ -s "$f" ] && { echo "== $f"; tail -200 "$f"; }
+  done > "$out/$peer/ray-workers-tail.log" 2>/dev/null
   [ -d "$P/run" ] && cp "$P"/run/*.jsonl "$P"/run/*.toml "$out/$peer/" 2>/dev/null
   tail -3 "$P/run.log"; echo "peak memory.used MiB: $(cut -d, -f2 "$P/mem.csv" | sort -n | tail -1)"
 }
