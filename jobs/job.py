@@ -151,7 +151,7 @@ class Job:
         sieve = GroupSieve(want=self.cfg.rollout.batch_size, max_rounds=a.max_sample_rounds,
                            max_oversample=a.max_oversample, mask_truncated=a.mask_truncated,
                            truncated_penalty=a.truncated_penalty, enabled=a.dynamic_sampling,
-                           unanimous=a.unanimous_groups, unanimous_lowest=a.unanimous_baseline == "batch_below")
+                           unanimous=a.unanimous_groups, unanimous_pick=a.unanimous_order())
         refs: list[Any] = []
         summaries: list[TrajectorySummary] = []
         drawn: list[dict[str, Any]] = []  # group g's board is drawn[g]

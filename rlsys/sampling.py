@@ -26,7 +26,8 @@ valid members has no signal. The rewards compared are the learner's too (`traini
 The surplus of the last round is dropped in sampling order (earlier rounds and lower group ids first), not at
 random. With `algo.unanimous_groups` (for `algo.unanimous_baseline = "batch"`), up to that many unanimous groups
 that have a valid member are kept besides, also in sampling order; under `"batch_below"` the lowest-rewarded first
-(the ones its baseline can push down).
+(the ones its baseline can push down); `algo.unanimous_pick = "mixed"`: half the lowest-rewarded, half in sampling
+order.
 """
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ class GroupSieve:
     truncated_penalty: float = 0.0  # `algo.truncated_penalty`: less reward for cut-off trajectories
     enabled: bool = True
     unanimous: int = 0  # `algo.unanimous_groups`: unanimous groups kept besides the `want` with signal
-    unanimous_lowest: bool = False  # `algo.unanimous_baseline = "batch_below"`: the lowest-rewarded unanimous first
+    unanimous_pick: str = "first"  # `algo.unanimous_pick` (`AlgoConfig.unanimous_order`): first | lowest | mixed
     rounds: int = 0
     groups_seen: int = 0  # groups sampled so far; the next round's group ids start here
     zero_var: int = 0  # sampled groups without signal
@@ -137,12 +138,19 @@ class GroupSieve:
 
     def kept(self) -> set[int]:
         """The group ids to train on: the first ``want`` kept, in sampling order (and with ``unanimous`` that many
-        unanimous groups: the first sampled, or with ``unanimous_lowest`` the lowest-rewarded, ties in sampling
-        order)."""
+        unanimous groups, by ``unanimous_pick``: the first sampled; the lowest-rewarded, ties in sampling order; or
+        ``mixed``, half of them (rounded up) the lowest-rewarded and the rest the first sampled of the others)."""
         if not self.enabled:
             return set(self._kept[: self.want])
-        candidates = (sorted(self._unanimous, key=self._unanimous.__getitem__) if self.unanimous_lowest
-                      else list(self._unanimous))  # sorted() is stable: ties stay in sampling order
+        if self.unanimous_pick not in ("first", "lowest", "mixed"):
+            raise ValueError(f"GroupSieve: unanimous_pick must be first, lowest or mixed, got {self.unanimous_pick!r}")
+        candidates = list(self._unanimous)  # sampling order
+        if self.unanimous_pick != "first":
+            lowest = sorted(candidates, key=self._unanimous.__getitem__)  # sorted() is stable: ties in sampling order
+            if self.unanimous_pick == "mixed":
+                lowest = lowest[: (self.unanimous + 1) // 2]
+                lowest += [g for g in candidates if g not in lowest]
+            candidates = lowest
         return set(self._kept[: self.want]) | set(candidates[: self.unanimous])
 
     def signal_share(self) -> float | None:

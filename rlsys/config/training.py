@@ -111,6 +111,14 @@ class AlgoConfig(_Section):
     step's unanimous groups (with a valid member; in sampling order, or lowest reward first under `batch_below`) join
     the `rollout.batch_size` groups with signal. They were sampled anyway: no extra sampling, only learner time.
     Counted in `rollout/groups_unanimous_kept`."""
+    unanimous_pick: Literal["first", "lowest", "mixed"] | None = None
+    """Which unanimous groups `unanimous_groups` takes; unset: `lowest` under `batch_below`, else `first`. `first`:
+    in sampling order (mostly boards the policy already answers well, late in a run). `lowest`: the lowest-rewarded
+    first (ties in sampling order), the confident mistakes, so under `batch` too only pushed down. `mixed`: half of
+    them (rounded up) the lowest-rewarded, the rest the first sampled of the others, so each step pushes down its
+    worst unanimous answers and still raises as many as `first` would of the others. For the GPU recipe's late
+    plateau: 14-21% of its sampled answers were legal but weaker moves the policy gave every time, which `first`
+    reaches only by chance (docs/results.md, "Do more steps take more wins?"). Not yet measured on the GPU."""
     collapse_steps: int = Field(20, ge=0)
     """GSPO/GRPO: the policy has collapsed when every group of a step is unanimous (`rollout/zero_var_group_frac`
     1: every board answered with one reward, no advantage anywhere, nothing to learn) this many steps in a row, or
@@ -165,7 +173,16 @@ class AlgoConfig(_Section):
                              "sampling's filter for the batch baseline; set algo.dynamic_sampling = true and "
                              "algo.unanimous_baseline = \"batch\" or \"batch_below\" (without the filter every "
                              "group is trained on)")
+        if self.unanimous_pick is not None and not self.unanimous_groups:
+            raise ValueError(f"algo.unanimous_pick = {self.unanimous_pick!r}: picks among the unanimous groups that "
+                             "algo.unanimous_groups brings into the batch; set algo.unanimous_groups too")
         return self
+
+    def unanimous_order(self) -> str:
+        """`unanimous_pick`, or its default for `unanimous_baseline` (`lowest` under `batch_below`, else `first`)."""
+        if self.unanimous_pick is not None:
+            return self.unanimous_pick
+        return "lowest" if self.unanimous_baseline == "batch_below" else "first"
 
     def clip_eps(self) -> tuple[float, float]:
         defaults = {"gspo": (3e-4, 4e-4), "grpo": (0.2, 0.28), "sft": (0.0, 0.0)}[self.name]

@@ -201,16 +201,49 @@ def test_unanimous_groups_join_the_batch_up_to_their_count_in_sampling_order():
 def test_batch_below_keeps_the_lowest_rewarded_unanimous_groups_first():
     # groups 0..5: 0 unanimous at 0.8, 1 with signal, 2 at 0.0, 3 at 1.0, 4 at 0.0, 5 at -1.0 (an occupied square)
     rounds = groups([0.8, 0.8], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [-1.0, -1.0])
-    first, lowest = GroupSieve(want=1, unanimous=2), GroupSieve(want=1, unanimous=2, unanimous_lowest=True)
+    first, lowest = GroupSieve(want=1, unanimous=2), GroupSieve(want=1, unanimous=2, unanimous_pick="lowest")
     for sieve in (first, lowest):
         sieve.add(rounds)
     assert first.kept() == {1, 0, 2}  # sampling order: the 0.8 group before the 0.0 ones
     assert lowest.kept() == {1, 5, 2}  # the lowest: -1.0, then the first of the two 0.0 groups (ties: sampling order)
     assert lowest.metrics()["rollout/groups_unanimous_kept"] == 2.0
-    assert GroupSieve(want=1, unanimous=6, unanimous_lowest=True).kept() == set()  # nothing sampled yet
-    off = GroupSieve(want=8, enabled=False, unanimous=2, unanimous_lowest=True)
+    assert GroupSieve(want=1, unanimous=6, unanimous_pick="lowest").kept() == set()  # nothing sampled yet
+    off = GroupSieve(want=8, enabled=False, unanimous=2, unanimous_pick="lowest")
     off.add(rounds)
     assert off.kept() == set(range(6))  # without the filter every group is kept anyway
+
+
+def test_mixed_pick_pushes_the_worst_unanimous_groups_down_and_keeps_the_first_sampled():
+    # the same groups: unanimous 0 (0.8), 2 (0.0), 3 (1.0), 4 (0.0), 5 (-1.0); 1 has signal
+    rounds = groups([0.8, 0.8], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [-1.0, -1.0])
+    kept = {}
+    for n in (1, 2, 3, 4):
+        sieve = GroupSieve(want=1, unanimous=n, unanimous_pick="mixed")
+        sieve.add(rounds)
+        kept[n] = sieve.kept() - {1}
+    assert kept[1] == {5}  # one group: the lowest (rounded up half)
+    assert kept[2] == {5, 0}  # the lowest, then the first sampled of the others (0.8), not the second-lowest
+    assert kept[3] == {5, 2, 0}  # two lowest (-1.0, then the first 0.0), then the first sampled
+    assert kept[4] == {5, 2, 0, 3}  # ... then the next sampled of the rest: 3 (group 4 ties 2 but comes later)
+    with pytest.raises(ValueError, match="unanimous_pick must be first, lowest or mixed"):
+        bad = GroupSieve(want=1, unanimous=2, unanimous_pick="random")
+        bad.add(rounds)
+        bad.kept()
+
+
+def test_unanimous_pick_defaults_follow_the_baseline_and_needs_unanimous_groups():
+    from rlsys.config import ConfigError, load_config
+
+    on = ["algo.dynamic_sampling=true", "algo.unanimous_groups=2"]
+    assert load_config(overrides=on + ["algo.unanimous_baseline=batch"]).algo.unanimous_order() == "first"
+    assert load_config(overrides=on + ["algo.unanimous_baseline=batch_below"]).algo.unanimous_order() == "lowest"
+    mixed = load_config(overrides=on + ["algo.unanimous_baseline=batch", "algo.unanimous_pick=mixed"])
+    assert mixed.algo.unanimous_order() == "mixed"
+    with pytest.raises(ConfigError, match="algo.unanimous_pick = 'mixed'"):
+        load_config(overrides=["algo.dynamic_sampling=true", "algo.unanimous_baseline=batch",
+                               "algo.unanimous_pick=mixed"])
+    with pytest.raises(ConfigError, match="unanimous_pick"):
+        load_config(overrides=on + ["algo.unanimous_baseline=batch", "algo.unanimous_pick=worst"])
 
 
 def test_unanimous_groups_need_the_batch_baseline_and_the_filter():
