@@ -111,6 +111,10 @@ class GroupSieve:
     # groups without signal that have a valid member -> their one training reward, in sampling order
     _unanimous: dict[int, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.unanimous_pick not in ("first", "lowest", "mixed"):
+            raise ValueError(f"GroupSieve: unanimous_pick must be first, lowest or mixed, got {self.unanimous_pick!r}")
+
     def add(self, summaries: Iterable[_Summary]) -> None:
         """One round's summaries (all its groups, every member)."""
         rewards = valid_rewards(summaries, self.mask_truncated, self.truncated_penalty)
@@ -142,15 +146,15 @@ class GroupSieve:
         ``mixed``, half of them (rounded up) the lowest-rewarded and the rest the first sampled of the others)."""
         if not self.enabled:
             return set(self._kept[: self.want])
-        if self.unanimous_pick not in ("first", "lowest", "mixed"):
-            raise ValueError(f"GroupSieve: unanimous_pick must be first, lowest or mixed, got {self.unanimous_pick!r}")
         candidates = list(self._unanimous)  # sampling order
         if self.unanimous_pick != "first":
             lowest = sorted(candidates, key=self._unanimous.__getitem__)  # sorted() is stable: ties in sampling order
-            if self.unanimous_pick == "mixed":
-                lowest = lowest[: (self.unanimous + 1) // 2]
-                lowest += [g for g in candidates if g not in lowest]
-            candidates = lowest
+            if self.unanimous_pick == "lowest":
+                candidates = lowest
+            else:  # mixed: the lowest half (rounded up), then the rest in sampling order
+                head = lowest[: (self.unanimous + 1) // 2]
+                taken = set(head)
+                candidates = head + [g for g in candidates if g not in taken]
         return set(self._kept[: self.want]) | set(candidates[: self.unanimous])
 
     def signal_share(self) -> float | None:

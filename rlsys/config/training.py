@@ -116,7 +116,7 @@ class AlgoConfig(_Section):
     in sampling order (mostly boards the policy already answers well, late in a run). `lowest`: the lowest-rewarded
     first (ties in sampling order), the confident mistakes, so under `batch` too only pushed down. `mixed`: half of
     them (rounded up) the lowest-rewarded, the rest the first sampled of the others, so each step pushes down its
-    worst unanimous answers and still raises as many as `first` would of the others. For the GPU recipe's late
+    worst unanimous answers and the others are taken as under `first`. For the GPU recipe's late
     plateau: 14-21% of its sampled answers were legal but weaker moves the policy gave every time, which `first`
     reaches only by chance (docs/results.md, "Do more steps take more wins?"). Not yet measured on the GPU."""
     collapse_steps: int = Field(20, ge=0)
