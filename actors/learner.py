@@ -46,6 +46,7 @@ from actors.learner_setup import (LearnerSettings, MemoryProbe, apply_memory_bud
 from rlsys.algos import (EntropyController, GRPOConfig, GSPOConfig, RegularizerConfig, decayed_kl_coef,
                          group_advantages, grpo_loss, gspo_loss, masked_mean, regularizer_loss, sft_loss,
                          token_entropy, token_logprobs, top_entropy_mask)
+from rlsys.heap import keep_freed_memory
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported, tokens_saved)
 from rlsys.sampling import training_reward
@@ -67,6 +68,8 @@ class Learner:
         self.cfg = cfg
         self.model_path = model_path
         self.device = pick_device()
+        if self.device.type == "cpu":
+            keep_freed_memory()  # the next step's activations reuse this step's pages (rlsys/heap.py)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)  # compute dtype (and the engine's)
         # fp32 master weights: parameters and updates in float32, forward/backward under autocast
         self.param_dtype = torch.float32 if cfg.learner.fp32_master else self.dtype

@@ -52,6 +52,7 @@ import torch
 
 from rlsys.engines.base import WAKE_TAGS, Engine, GenerateOutput, SamplingParams, checked_prompt
 from rlsys.engines.hf_loop import StopText, adjusted_logits, growing_cache, sample_rows
+from rlsys.heap import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ class TransformersEngine(Engine):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # each batch's caches and scores reuse the last batch's pages (rlsys/heap.py)
         if batch_wait_max_s < batch_wait_s:
             raise ValueError(f"batch_wait_max_s ({batch_wait_max_s}) must be >= batch_wait_s ({batch_wait_s})")
         self.max_batch_size = max_batch_size
