@@ -41,12 +41,12 @@ from typing import Any
 import torch
 
 from actors.learner_rows import Row, collate, micro_batches, pad_stack, resolve_trajectories, split_rows, weights_digest
-from actors.learner_setup import (LearnerSettings, MemoryProbe, apply_memory_budget, load_reference, lr_lambda,
-                                  make_optimizer, pick_device, release_cached_memory, resolve_dtype)
+from actors.learner_setup import (LearnerSettings, MemoryProbe, apply_memory_budget, cpu_process_settings,
+                                  load_reference, lr_lambda, make_optimizer, pick_device, release_cached_memory,
+                                  resolve_dtype)
 from rlsys.algos import (EntropyController, GRPOConfig, GSPOConfig, RegularizerConfig, decayed_kl_coef,
                          group_advantages, grpo_loss, gspo_loss, masked_mean, regularizer_loss, sft_loss,
                          token_entropy, token_logprobs, top_entropy_mask)
-from rlsys.heap import keep_freed_memory
 from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
                           sharing_supported, tokens_saved)
 from rlsys.sampling import training_reward
@@ -68,8 +68,7 @@ class Learner:
         self.cfg = cfg
         self.model_path = model_path
         self.device = pick_device()
-        if self.device.type == "cpu":
-            keep_freed_memory()  # the next step's activations reuse this step's pages (rlsys/heap.py)
+        cpu_process_settings(self.device)  # native GQA in attention, freed memory kept (nothing on GPU)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)  # compute dtype (and the engine's)
         # fp32 master weights: parameters and updates in float32, forward/backward under autocast
         self.param_dtype = torch.float32 if cfg.learner.fp32_master else self.dtype
