@@ -9,9 +9,10 @@ is set; with `algo.top_entropy_frac` the entropy is the selected tokens' mean, a
 time per phase, dynamic sampling's work (boards sampled, the share with signal, groups kept, the steps short of
 `rollout.batch_size` groups, with a hint when many are), and the held-out evaluations: the environment's rates and the
 mean reward, and the collapse check (`algo.collapse_steps`, replayed on the logged steps: a run of an older tree
-reads as the job would read it now). The error table follows the environment's outcome order (`Environment.outcomes`). Writes
-`RUN_DIR/plots/`: reward.png, response_len.png, loss.png, logp_diff.png, entropy.png, step_time.png and errors.png (a
-plot whose metric the run did not log, e.g. logp_diff for SFT, is skipped and said so).
+reads as the job would read it now). The error table follows the environment's outcome order
+(`Environment.outcomes`). Writes `RUN_DIR/plots/` (or `--plots-dir DIR`): reward.png, response_len.png, loss.png,
+logp_diff.png, entropy.png, step_time.png and errors.png (a plot whose metric the run did not log, e.g. logp_diff for
+SFT, is skipped and said so).
 
 Reads only files (no Ray, no TensorBoard): works on a run that is still going or was copied elsewhere, also when
 its metrics.jsonl and eval.jsonl were gzipped (`.jsonl.gz`, as docs/data/ keeps them), so the commands in the docs
@@ -463,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a run directory (has metrics.jsonl); several: one Markdown table, a row each, no plots")
     p.add_argument("--window", type=int, help="steps averaged at the start and the end (default 10; 20 with several)")
     p.add_argument("--no-plots", action="store_true", help="print the summary only")
+    p.add_argument("--plots-dir", metavar="DIR", help="one run's plots go here instead of RUN_DIR/plots (a run "
+                                                          "that is not yours to write to, e.g. under docs/data/)")
     p.add_argument("--json", action="store_true", help="print the summary (or the rows) as JSON")
     p.add_argument("--rates", help="with several runs: the held-out rates shown, comma-separated (default all)")
     p.add_argument("--mean", action="store_true", help="with several runs: a last row with their mean (the seeds "
@@ -474,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     window = args.window if args.window is not None else (20 if several else 10)
     if window < 1:
         p.error("--window must be at least 1")
+    if several and args.plots_dir:
+        p.error("--plots-dir is for one run's plots; several runs make one table (and --plot PNG)")
+    if args.no_plots and args.plots_dir:
+        p.error("--plots-dir with --no-plots: pick one")
     try:
         runs = [load_run(d) for d in args.run_dir]
     except (ReportError, OSError, tomllib.TOMLDecodeError) as err:
@@ -503,9 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plots:
         from rlsys.plots import write_plots
 
-        written, skipped = write_plots(run)
+        written, skipped = write_plots(run, args.plots_dir)
         stream = sys.stderr if args.json else sys.stdout
-        where = written[0].parent if written else run.path / "plots"
+        where = written[0].parent if written else Path(args.plots_dir or run.path / "plots")
         print(f"  plots in {where}/: {', '.join(w.name for w in written) or 'none'}", file=stream)
         for s in skipped:
             print(f"  (skipped {s})", file=stream)

@@ -348,3 +348,16 @@ def test_the_collapse_check_is_replayed_on_the_logged_steps_with_the_runs_own_se
     assert compare_runs([load_run(run)], window=10)[0]["collapsed_at"] is None
     plain = summarize_run(load_run(plain_dir))  # no zero-variance fraction logged
     assert plain["collapse"] is None and "collapse check" not in format_summary(plain)
+
+
+def test_plots_dir_leaves_the_run_directory_untouched(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    out = tmp_path / "elsewhere" / "plots"
+    assert main([str(run), "--plots-dir", str(out)]) == 0
+    assert f"plots in {out}/" in capsys.readouterr().out
+    assert not (run / "plots").exists()
+    assert (out / "reward.png").read_bytes()[:8] == PNG_MAGIC
+    for argv in ([str(run), str(run), "--plots-dir", str(out)], [str(run), "--no-plots", "--plots-dir", str(out)]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
