@@ -64,6 +64,7 @@ from jobs.bench_models import RANDOM_MODELS, model_folder
 from jobs.bench_rollout import bench_cpu_decode, bench_proxy, bench_proxy_cpu, print_cpu_decode, print_proxy_table
 from jobs.bench_step import bench_step, compare_table, print_step_table
 from jobs.bench_sync import bench_sync, print_sync_table
+from jobs.host import host, host_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,13 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     local = {"cpu-decode": (bench_cpu_decode, print_cpu_decode), "learner": (bench_learner, print_learner)}
     if args.command in local:  # in this process, no Ray: measure, write the JSON, print the table
         measure, show = local[args.command]
-        result = measure(args)
+        result = with_host(measure(args))
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2))
         show(result)
         return 0
     if args.command == "proxy-cpu":
-        result = bench_proxy_cpu(args)
+        result = with_host(bench_proxy_cpu(args))
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2))
         print(f"proxy CPU per request ({result['http']}, render cache {result['render_cache']}): "
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         from rlsys.errors import UserInputError
 
         try:
-            result = bench_step(args) if args.command == "step" else bench_proxy(args)
+            result = with_host(bench_step(args) if args.command == "step" else bench_proxy(args))
         except UserInputError as err:
             print(f"rlsys: {err}", file=sys.stderr)
             return 2
@@ -198,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:  # after each model, so a timeout still leaves what was measured
             Path(args.out).write_text(json.dumps(results, indent=2, default=str))
     return 1 if failed else 0
+
+
+def with_host(result: dict[str, Any]) -> dict[str, Any]:
+    """The result with the host it was measured on (jobs/host.py), printed too: numbers of two hosts differ."""
+    result["host"] = host()
+    print(host_line(result["host"]))
+    return result
 
 
 if __name__ == "__main__":  # vLLM spawns its engine core: the guard keeps the child from re-running main

@@ -26,18 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-
-def host() -> dict:
-    """What the push's CPU-bound share depends on: the CPU's model, the cores, and a fixed pure-Python workload's time
-    (the same H100 code read 3.03 ms on one host and 5.21-8.07 ms on another, 2026-12-07: compare pushes by this)."""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").is_file() else "unknown"
-    probe = []
-    for _ in range(5):
-        t = time.perf_counter()
-        sum(i * i for i in range(200_000))
-        probe.append((time.perf_counter() - t) * 1e3)
-    return {"cpu_model": model, "cpus": os.cpu_count(), "python_probe_ms": min(probe)}
+from jobs.host import host  # noqa: E402  (after the path: the script runs from anywhere)
 
 
 async def bench(args: argparse.Namespace) -> dict:

@@ -22,4 +22,8 @@ def test_bench_cpu_decode_reports_both_loops_and_the_ratio(tmp_path, capsys):
         assert 0 < row["old_tokens"] <= 16 and 0 < row["new_tokens"] <= 16
     assert r["old_tps"] > 0 and r["new_tps"] > 0 and r["ratio"] == pytest.approx(r["new_tps"] / r["old_tps"])
     assert 0.0 <= r["same_answers"] <= 1.0
-    assert "ratio" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "ratio" in printed
+    # the host beside the numbers (jobs/host.py): this machine's CPUs and a positive probe time, printed too
+    assert r["host"]["cpus"] >= 1 and r["host"]["python_probe_ms"] > 0 and r["host"]["cpu_model"]
+    assert f"{r['host']['cpus']} CPUs" in printed
