@@ -10,6 +10,19 @@ REPO = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "loop" / "plugins"
 
 
+@pytest.fixture(autouse=True)
+def _cpu_learner_switch_restored():
+    """A CPU `Learner` built in this process sets `TRANSFORMERS_SDPA_FORCE_GQA` for the whole process, as its actor
+    does (actors/learner_setup.py `cpu_process_settings`); each test ends with the value it found, so one test's
+    learner does not change another's attention path (tests/unit/test_memory.py measures the GPU's)."""
+    before = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
+    yield
+    if before is None:
+        os.environ.pop("TRANSFORMERS_SDPA_FORCE_GQA", None)
+    else:
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = before
+
+
 @pytest.fixture(scope="session")
 def _ray_session():
     ray = pytest.importorskip("ray")

@@ -226,9 +226,11 @@ def _saved_bytes(fn, model):
     return sum(saved.values())
 
 
-def test_lora_activation_term_matches_what_autograd_keeps():
+def test_lora_activation_term_matches_what_autograd_keeps(monkeypatch):
     """The per-position LoRA term and the prefix-shared layout against the tensors autograd really keeps, on a
-    2-layer Qwen2 with peft's LoRA on every projection (CPU, bf16; SDPA with the padding mask as on the GPU)."""
+    2-layer Qwen2 with peft's LoRA on every projection (CPU, bf16; SDPA with the padding mask as on the GPU, where
+    transformers repeats K/V to every head: a CPU learner's native GQA is off here)."""
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
