@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jobs.host import host  # noqa: E402  (after the path: the script runs from anywhere)
+from jobs.host import host, host_line  # noqa: E402  (after the path: the script runs from anywhere)
 
 
 async def bench(args: argparse.Namespace) -> dict:
@@ -114,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(pickle {s['pickle_ms']:.2f} + rpc {s['rpc_ms']:.2f}, of which worker {s['worker_ms']:.2f} = unpickle "
           f"{s['unpickle_ms']:.2f} + receive {s['receive_ms']:.2f} + apply {s['apply_ms']:.2f}); "
           f"first push {result['first_push']['total_ms']:.1f} ms; canary diff {result['canary_diff']:.4f}")
-    h = result["host"]
-    print(f"fastest push {result['steady_min_total_ms']:.2f} ms; host: {h['cpu_model']}, {h['cpus']} CPUs, "
-          f"Python probe {h['python_probe_ms']:.1f} ms; {result['gpu']}")
+    print(f"fastest push {result['steady_min_total_ms']:.2f} ms; {host_line(result['host'])}; {result['gpu']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
