@@ -40,15 +40,15 @@ from typing import Any
 
 import torch
 
-from actors.learner_rows import Row, collate, micro_batches, pad_stack, resolve_trajectories, split_rows, weights_digest
+from actors.learner_rows import (Row, collate, micro_batches, pad_stack, prefix_settings, prompt_order,
+                                 resolve_trajectories, row_logprobs, split_rows, weights_digest)
 from actors.learner_setup import (LearnerSettings, MemoryProbe, apply_memory_budget, cpu_process_settings,
                                   load_reference, lr_lambda, make_optimizer, pick_device, release_cached_memory,
                                   resolve_dtype)
 from rlsys.algos import (EntropyController, GRPOConfig, GSPOConfig, RegularizerConfig, decayed_kl_coef,
                          group_advantages, grpo_loss, gspo_loss, masked_mean, regularizer_loss, sft_loss,
                          token_entropy, token_logprobs, top_entropy_mask)
-from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
-                          sharing_supported, tokens_saved)
+from rlsys.prefix import EntropyMode
 from rlsys.sampling import training_reward
 from rlsys.types import Segment, Trajectory
 from rlsys.weights.buckets import DEFAULT_BUCKET_BYTES
@@ -116,15 +116,13 @@ class Learner:
         self._reg = RegularizerConfig(entropy_coef=algo.entropy_coef, kl_coef=algo.kl_coef)
         # the frozen initial policy of the KL penalty; None when it is off, and with LoRA, whose reference is the
         # frozen base itself run with the adapters switched off (`_ref_logprobs`): no second copy of the weights
+        # `learner.reference_actor`: the reference runs in its own actor, and the rows carry its logprobs
+        self.reference_actor = cfg.learner.reference_actor
         self.ref_model = (load_reference(cfg.model, cfg.algo.kl_coef, self.device, self.dtype)
-                          if cfg.algo.kl_coef and self.lora is None else None)
+                          if cfg.algo.kl_coef and self.lora is None and not self.reference_actor else None)
         self.rank, self.world_size = 0, 1
-        self.prefix_sharing = cfg.learner.prefix_sharing and cfg.algo.name != "sft"
-        if self.prefix_sharing and (why := sharing_supported(self.model)) is not None:
-            print(f"rlsys: learner.prefix_sharing off: {why}", flush=True)
-            self.prefix_sharing = False
-        common = cfg.learner.common_prefix_pass
-        self.common_prefix_pass = self.prefix_sharing and (self.device.type == "cpu" if common is None else common)
+        self.prefix_sharing, self.common_prefix_pass = prefix_settings(cfg.learner, cfg.algo.name, self.model,
+                                                                       self.device)
         self._tokens = [0, 0]  # input tokens [not run thanks to prefix sharing, in all] of this `train` call
         self._padding = [0, 0]  # positions of this `train` call's micro-batches [padded, in all]
         self._micro = 0  # micro-batches of this `train` call (forward + backward each)
@@ -430,22 +428,18 @@ class Learner:
                         model: torch.nn.Module | None = None) -> Any:
         """(B, T-1) logprobs of each row's tokens (loss-masked ones exact), shared prompts run once if on; with
         `entropy`, a pair (logprobs, entropies). `model` defaults to the policy (the reference passes its own)."""
-        ids, attn = batch["input_ids"], batch["attention_mask"]
-        policy = model is None
-        model = self.model if policy else model
-        if not self.prefix_sharing:
-            return plain_token_logprobs(model, ids, attn, entropy)
-        groups = find_prefix_groups([r.segment.input_ids for r in micro], [r.segment.loss_mask for r in micro])
-        if policy:  # the reference's forward is not counted in train/prefix_saved_frac
-            self._tokens[0] += tokens_saved(groups, common=self.common_prefix_pass)
-            self._tokens[1] += int(attn.sum())
-        if not groups.members:
-            return plain_token_logprobs(model, ids, attn, entropy)
-        return shared_token_logprobs(model, ids, attn, groups, entropy, common=self.common_prefix_pass)
+        policy = model is None  # the reference's forward is not counted in train/prefix_saved_frac
+        return row_logprobs(self.model if policy else model, micro, batch, sharing=self.prefix_sharing,
+                            common=self.common_prefix_pass, entropy=entropy, counts=self._tokens if policy else None)
 
     @torch.no_grad()
     def _ref_logprobs(self, micro: list[Row], batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """(B, T-1) logprobs of the frozen reference (None without `algo.kl_coef`): same path as the policy's."""
+        """(B, T-1) logprobs of the frozen reference (None without `algo.kl_coef`): same path as the policy's, or
+        those the reference actor computed (`learner.reference_actor`), which the rows then carry."""
+        if "ref_logprobs" in batch:
+            return batch["ref_logprobs"][:, 1:]
+        if self.cfg.algo.kl_coef and self.reference_actor:
+            raise RuntimeError("learner.reference_actor: a batch came without the reference actor's logprobs")
         if self.cfg.algo.kl_coef and self.peft_model is not None:  # LoRA: the base is the reference
             with self.peft_model.disable_adapter():
                 return self._token_logprobs(micro, batch, model=self.model).float()
@@ -457,13 +451,7 @@ class Learner:
         return micro_batches(rows, self.cfg.learner.mini_bs, self.cfg.learner.micro_batch_tokens)
 
     def _by_prompt(self, rows: list[Row]) -> list[Row]:
-        """Rows that share a prompt next to each other, shorter first (`rlsys.prefix.group_order`): with prefix
-        sharing they share a micro-batch's prompt forward, and either way the micro-batches pad less."""
-        if not (self.prefix_sharing or self.cfg.learner.length_order):
-            return rows
-        order = group_order([r.segment.input_ids for r in rows], [r.segment.loss_mask for r in rows],
-                            by_length=self.cfg.learner.length_order)
-        return [rows[i] for i in order]
+        return prompt_order(rows, self.prefix_sharing, self.cfg.learner.length_order)
 
     # --- weights out ---------------------------------------------------------------------------
     def open_transports(self, transports: list[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from rlsys.prefix import (EntropyMode, find_prefix_groups, group_order, plain_token_logprobs, shared_token_logprobs,
+                          sharing_supported, tokens_saved)
 from rlsys.types import Segment, Trajectory
 
 
@@ -64,7 +66,8 @@ def split_rows(rows: list[Row], n: int) -> list[list[Row]]:
 
 
 def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Right-padded (B, T) tensors of ids, attention mask, loss mask and rollout logprobs."""
+    """Right-padded (B, T) tensors of ids, attention mask, loss mask and rollout logprobs; and the reference's
+    logprobs (`ref_logprobs`) when every row carries them (`learner.reference_actor`)."""
     T = max(len(r.segment.input_ids) for r in rows)
     B = len(rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -77,8 +80,51 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(r.segment.loss_mask, dtype=torch.float32)
         lp[i, :n] = torch.tensor(r.segment.rollout_logprobs, dtype=torch.float32)
-    return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "loss_mask": mask.to(device),
-            "rollout_logprobs": lp.to(device)}
+    out = {"input_ids": ids.to(device), "attention_mask": attn.to(device), "loss_mask": mask.to(device),
+           "rollout_logprobs": lp.to(device)}
+    if all(r.segment.ref_logprobs is not None for r in rows):
+        ref = torch.zeros((B, T), dtype=torch.float32)
+        for i, r in enumerate(rows):
+            ref[i, : len(r.segment.ref_logprobs)] = torch.tensor(r.segment.ref_logprobs, dtype=torch.float32)
+        out["ref_logprobs"] = ref.to(device)
+    return out
+
+
+def prefix_settings(learner: Any, algo_name: str, model: torch.nn.Module, device: torch.device) -> tuple[bool, bool]:
+    """(prefix sharing, common prefix pass) for ``model`` under the job's `learner` section: the policy's and the
+    reference actor's forwards take the same path."""
+    sharing = learner.prefix_sharing and algo_name != "sft"
+    if sharing and (why := sharing_supported(model)) is not None:
+        print(f"rlsys: learner.prefix_sharing off: {why}", flush=True)
+        sharing = False
+    common = learner.common_prefix_pass
+    return sharing, sharing and (device.type == "cpu" if common is None else common)
+
+
+def row_logprobs(model: torch.nn.Module, rows: list[Row], batch: dict[str, torch.Tensor], *, sharing: bool,
+                 common: bool, entropy: EntropyMode = None, counts: list[int] | None = None) -> Any:
+    """(B, T-1) logprobs of each row's tokens under ``model`` (``batch``: `collate(rows)`), the prompts that rows
+    share run once with ``sharing`` (`rlsys/prefix.py`; loss-masked tokens exact); with ``entropy``, a pair
+    (logprobs, entropies). ``counts``: [input tokens not run, input tokens in all], added to."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    if not sharing:
+        return plain_token_logprobs(model, ids, attn, entropy)
+    groups = find_prefix_groups([r.segment.input_ids for r in rows], [r.segment.loss_mask for r in rows])
+    if counts is not None:
+        counts[0] += tokens_saved(groups, common=common)
+        counts[1] += int(attn.sum())
+    if not groups.members:
+        return plain_token_logprobs(model, ids, attn, entropy)
+    return shared_token_logprobs(model, ids, attn, groups, entropy, common=common)
+
+
+def prompt_order(rows: list[Row], sharing: bool, by_length: bool) -> list[Row]:
+    """Rows that share a prompt next to each other, shorter first (`rlsys.prefix.group_order`): with prefix
+    sharing they share a micro-batch's prompt forward, and either way the micro-batches pad less."""
+    if not (sharing or by_length):
+        return rows
+    order = group_order([r.segment.input_ids for r in rows], [r.segment.loss_mask for r in rows], by_length=by_length)
+    return [rows[i] for i in order]
 
 
 def pad_stack(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -50,6 +50,7 @@ class Job:
     placement_group: Any = None
     startup_marks: dict[str, float] = field(default_factory=dict)  # milestone -> time.time() (Job.start)
     sleep_level: int = 1  # the engines' sleep between rollout and training (`choose_sleep_level`)
+    reference: Any = None  # `learner.reference_actor`: annotates each rollout batch with the KL reference's logprobs
 
     @classmethod
     def start(cls, cfg: Config, checked: tuple[list, list] | None = None,
@@ -117,7 +118,7 @@ class Job:
                   proxies=proxies, env_workers=env_workers, engines=EngineGroup(placed.rollouts), weights=weights,
                   data=data, model_path=model_path, eval_items=eval_items if wants_eval else [],
                   outcome_labels=env.outcomes, env=env, placement_group=placed.placement_group,
-                  startup_marks=marks, sleep_level=sleep_level)
+                  startup_marks=marks, sleep_level=sleep_level, reference=placed.reference)
         if resume_from is not None:
             ray.get([rank.load_state.remote(str(resume_from)) for rank in learners])
             data.load_state_dict(trainer_state["data"])
@@ -174,7 +175,15 @@ class Job:
             print(f"rlsys: dynamic sampling: none of {sieve.groups_seen} groups sampled in {sieve.rounds} round(s) "
                   "has rewards that differ; this step's update is skipped (raise algo.max_sample_rounds or "
                   "algo.max_oversample, or check the reward)", flush=True)
-        return [r for r, s in zip(refs, summaries) if s.group in keep], summaries, counts
+        return self.with_reference([r for r, s in zip(refs, summaries) if s.group in keep]), summaries, counts
+
+    def with_reference(self, refs: list[Any]) -> list[Any]:
+        """``refs`` as the reference actor returns them, its logprobs added (`learner.reference_actor`): refs to
+        results still being computed, which the learner's `train` waits for; ``refs`` themselves without one."""
+        if self.reference is None or not refs:
+            return refs
+        out = self.reference.annotate.options(num_returns=len(refs)).remote(*refs)
+        return [out] if len(refs) == 1 else out
 
     def rollout(self, items: list[dict[str, Any]], step: int,
                 first_group: int = 0) -> tuple[list[Any], list[TrajectorySummary]]:
@@ -262,7 +271,7 @@ class Job:
                 ray.get(actor.shutdown.remote(), timeout=10)
             except Exception as err:  # shutting down anyway; say why it was not clean
                 print(f"rlsys: rollout shutdown: {type(err).__name__}: {err}", flush=True)
-        for actor in [*self.learners, *self.rollouts, *self.env_workers]:
+        for actor in [*self.learners, *self.rollouts, *self.env_workers, *([self.reference] if self.reference else [])]:
             ray.kill(actor, no_restart=True)
         if self.placement_group is not None:  # free the GPU bundles for the next job in this Ray session
             from ray.util.placement_group import remove_placement_group

@@ -26,6 +26,7 @@ import ray
 
 from actors.env_worker import EnvWorker
 from actors.learner import Learner, LearnerSettings
+from actors.reference import Reference
 from actors.rollout import EngineSettings, RolloutWorker
 from rlsys.config import Config, EnvConfig, LearnerConfig, ModelConfig
 from rlsys.errors import UserInputError
@@ -64,6 +65,7 @@ class Placement:
     canary_follow: bool = True  # the engines' canary must move with the learner's (`canary_follows`)
     placement_group: Any = None  # GPU layout: the group holding the bundles (removed at shutdown)
     feeders: list[list[int]] | None = None  # (E, T) the learner ranks on each engine's GPUs; None = `sources`
+    reference: Any = None  # `learner.reference_actor`: the KL reference's own actor (actors/reference.py)
 
 
 def learner_settings(cfg: Config, model_path: str | None = None) -> LearnerSettings:
@@ -117,6 +119,9 @@ def node_cpus() -> dict[str, float]:
 
 def place_actors(cfg: Config, model_path: str) -> Placement:
     gpus = int(ray.cluster_resources().get("GPU", 0))
+    if gpus and cfg.learner.reference_actor:
+        raise UserInputError("learner.reference_actor: CPU jobs only for now (on GPUs the learner runs the KL "
+                             "reference); turn it off")
     if gpus:
         return place_on_gpus(cfg, model_path, gpus)
     if cfg.cluster.world_size > 1:
@@ -132,7 +137,11 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
         learner_settings(cfg, model_path), model_path, num_threads=learner_threads)
     rollout = ray.remote(RolloutWorker).options(name="rollout-0", num_cpus=0, max_concurrency=1024).remote(
         engine_settings(cfg, model_path), model_path, api_token=token, num_threads=threads)
-    return Placement(learners=[learner], rollouts=[rollout], sources=[0],
+    # the reference's forward follows the engine's batch (under overlap both beside the learner): the engine's threads
+    reference = ray.remote(Reference).options(name="reference-0", num_cpus=0).remote(
+        learner_settings(cfg), num_threads=max(1, threads - learner_threads) if cfg.rollout.overlap else threads
+    ) if cfg.learner.reference_actor else None
+    return Placement(learners=[learner], rollouts=[rollout], sources=[0], reference=reference,
                      canary_tol=canary_tolerance(cfg.model, cfg.learner, gpu=False),
                      canary_follow=canary_follows(cfg.model, cfg.learner, gpu=False))
 

@@ -37,6 +37,9 @@ class Segment:
     input_ids: list[int]  # (T,) prompt + every sampled token + tool results in between
     loss_mask: list[int]  # (T,) 1 exactly on tokens the engine sampled, 0 elsewhere
     rollout_logprobs: list[float]  # (T,) engine logprob on sampled tokens, 0.0 elsewhere
+    # (T,) the frozen KL reference's logprob of each token given those before it (0.0 at position 0), filled in
+    # between rollout and learner by the reference actor (`learner.reference_actor`); None: the learner runs it
+    ref_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -45,6 +48,8 @@ class Segment:
                 f"Segment: input_ids {n}, loss_mask {len(self.loss_mask)}, "
                 f"rollout_logprobs {len(self.rollout_logprobs)} must be equal"
             )
+        if self.ref_logprobs is not None and len(self.ref_logprobs) != n:
+            raise ValueError(f"Segment: input_ids {n}, ref_logprobs {len(self.ref_logprobs)} must be equal")
 
     @property
     def num_sampled(self) -> int:

@@ -197,6 +197,9 @@ class Config(_Section):
         if lora.serve == "adapter" and lora.enabled and c.tp_size > 1:
             raise ValueError(f"learner.lora.serve = \"adapter\": pushes write the whole adapter into one worker's LoRA "
                              f"slot, so cluster.tp_size must be 1 (it is {c.tp_size})")
+        if self.learner.reference_actor and not a.kl_coef:
+            raise ValueError("learner.reference_actor: runs the KL reference of algo.kl_coef, which is 0 (no penalty, "
+                             "no reference); set algo.kl_coef or turn reference_actor off")
         if self.checkpoint.resume not in ("never", "auto") and not self.checkpoint.resume:
             raise ValueError("checkpoint.resume: empty; use never, auto or a checkpoint path")
         return self

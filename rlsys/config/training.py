@@ -290,6 +290,15 @@ class LearnerConfig(_Section):
     prompts' order and the gradients stay the same): a micro-batch is as long as its longest row, so short answers
     no longer pad to long ones (`train/padded_frac`; `python -m jobs.bench learner` measures both orders). False:
     the rows of a prompt in their sampled order, as before 2026-12-04."""
+    reference_actor: bool = False
+    """With `algo.kl_coef`: run the frozen KL reference in an actor of its own instead of inside the learner (as
+    OpenRLHF's reference model and verl's ref worker do). Once a rollout batch is sampled the actor adds the
+    reference's logprob of every token to its trajectories (`Segment.ref_logprobs`), and the learner's micro-batches
+    take them instead of running the reference forward themselves. Under `rollout.overlap` that forward then runs
+    beside the learner's update, on the engine's threads, while the engine waits for the next batch: the README job's
+    learner spent ~24% of its CPU step on it (docs/performance.md). CPU jobs only for now (a GPU layout would need a
+    share of a GPU for it); the reference is `model.ckpt` in the compute dtype either way, on the same
+    prefix-sharing path as the learner's. False: the learner loads and runs it."""
     cudnn_attention: bool = False
     """Let the learner's attention (PyTorch's scaled_dot_product_attention) pick the cuDNN kernel on CUDA. Off by
     default: with torch 2.11 on an H200, cuDNN's backward returns NaN gradients for a masked micro-batch whose

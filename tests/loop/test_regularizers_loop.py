@@ -1,5 +1,6 @@
 """A job with an entropy bonus and a KL penalty, end to end on CPU: the metrics reach metrics.jsonl every step, and
-a resumed job still measures the KL to the initial model (not to the checkpoint it resumed from)."""
+a resumed job still measures the KL to the initial model (not to the checkpoint it resumed from); with the reference
+in the learner, and in its own actor beside an overlapped rollout (`learner.reference_actor`, the README job's)."""
 from __future__ import annotations
 
 import pytest
@@ -9,11 +10,13 @@ from tests.loop.conftest import PLUGINS, job_config
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_entropy_and_kl_are_logged_and_the_reference_survives_a_resume(ray_local, tmp_path):
+@pytest.mark.parametrize("where", [[], ["learner.reference_actor=true", "rollout.overlap=true"]],
+                         ids=["in-learner", "reference-actor"])
+def test_entropy_and_kl_are_logged_and_the_reference_survives_a_resume(ray_local, tmp_path, where):
     from jobs.train import run_training
     from rlsys.metrics import read_metrics
 
-    reg = ["algo.kl_coef=0.05", "algo.entropy_coef=0.01"]
+    reg = ["algo.kl_coef=0.05", "algo.entropy_coef=0.01", *where]
     plugins = {"agent_fn": str(PLUGINS / "recording_agent.py"), "reward_fn_path": str(PLUGINS / "length_reward.py")}
     run_dir = run_training(job_config(tmp_path, *reg, max_steps="2", **plugins))
     run_training(job_config(tmp_path, *reg, "checkpoint.resume=auto", max_steps="3", **plugins))
