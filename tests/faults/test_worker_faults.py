@@ -78,3 +78,24 @@ def test_a_step_with_too_many_failures_is_skipped_not_trained_on(ray_local, tmp_
         assert all((before[k] == after[k]).all() for k in before)
     finally:
         job.shutdown()
+
+
+def test_a_reference_actor_that_dies_is_started_again_and_the_batch_still_gets_its_logprobs(ray_local, tmp_path):
+    import os
+    import signal
+
+    import ray
+
+    job = _job(tmp_path, "dying_agent.py", "algo.kl_coef=0.1", "learner.reference_actor=true")
+    try:
+        refs, _ = job.rollout([{"id": "ok", "board": "XO......."}], step=0)
+        first = ray.get(job.with_reference(refs))
+        pid = ray.get(job.reference.__ray_call__.remote(lambda self: os.getpid()))
+        os.kill(pid, signal.SIGKILL)  # the process dies between two batches, as a crash would end it
+        again = ray.get(job.with_reference(refs))
+        assert ray.get(job.reference.__ray_call__.remote(lambda self: os.getpid())) != pid, "not restarted"
+        for a, b in zip(first, again):  # the new process's reference is the same model
+            assert a.segments[0].ref_logprobs == b.segments[0].ref_logprobs
+            assert a.segments[0].ref_logprobs is not None
+    finally:
+        job.shutdown()
