@@ -188,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     results: dict[str, Any] = {}
     failed = False
+    where = with_host({})["host"]  # every model's result names the host: pushes differ between hosts
     for name in args.model:
         try:
-            results[name] = asyncio.run(bench_sync(args, name))
+            results[name] = {**asyncio.run(bench_sync(args, name)), "host": where}
             print_sync_table(results[name])
         except Exception as err:  # one model failing must not hide the others' numbers; reported, exit 1
             failed = True
