@@ -1,7 +1,7 @@
 """The frozen KL reference in a process of its own (`learner.reference_actor`).
 
 A plain class (testable without Ray); jobs/placement.py wraps it with `ray.remote`. The driver hands it each rollout
-batch as soon as it is sampled (`Job.rollout_until_full`); `annotate` adds the reference's logprob of every token to
+batch as soon as it is sampled (`Job.with_reference`); `annotate` adds the reference's logprob of every token to
 the trajectories' segments (`Segment.ref_logprobs`) and returns them, one object per trajectory, which the learner then
 takes instead of the batch the env workers returned: its micro-batches read the reference's logprobs from the rows
 (`Learner._ref_logprobs`) rather than running the reference forward before their own. The forward takes the

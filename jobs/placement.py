@@ -139,9 +139,11 @@ def place_actors(cfg: Config, model_path: str) -> Placement:
         engine_settings(cfg, model_path), model_path, api_token=token, num_threads=threads)
     # the reference's forward follows the engine's batch (under overlap both beside the learner): the engine's threads.
     # It holds nothing but the frozen model, so a process that dies is started again and its call retried
-    reference = ray.remote(Reference).options(name="reference-0", num_cpus=0, max_restarts=2, max_task_retries=2).remote(
-        learner_settings(cfg), num_threads=max(1, threads - learner_threads) if cfg.rollout.overlap else threads
-    ) if cfg.learner.reference_actor else None
+    reference = None
+    if cfg.learner.reference_actor:
+        ref_threads = max(1, threads - learner_threads) if cfg.rollout.overlap else threads
+        options = {"name": "reference-0", "num_cpus": 0, "max_restarts": 2, "max_task_retries": 2}
+        reference = ray.remote(Reference).options(**options).remote(learner_settings(cfg), num_threads=ref_threads)
     return Placement(learners=[learner], rollouts=[rollout], sources=[0], reference=reference,
                      canary_tol=canary_tolerance(cfg.model, cfg.learner, gpu=False),
                      canary_follow=canary_follows(cfg.model, cfg.learner, gpu=False))

@@ -100,6 +100,8 @@ def test_tensor_parallel_layout_one_engine_over_two_gpus_fed_by_both_ranks(two_g
 
     with pytest.raises(UserInputError, match="SPREAD.*one node"):
         Job.start(job_config(tmp_path, "cluster.placement_strategy=SPREAD", world_size="2", tp_size="2"))
+    with pytest.raises(UserInputError, match="learner.reference_actor: CPU jobs only"):  # before any actor starts
+        Job.start(job_config(tmp_path, "algo.kl_coef=0.1", "learner.reference_actor=true", world_size="2", tp_size="2"))
     cfg = job_config(tmp_path, "model.dtype=float32", world_size="2", tp_size="2",
                      agent_fn=str(PLUGINS / "recording_agent.py"), reward_fn_path=str(PLUGINS / "length_reward.py"))
     job = Job.start(cfg)
