@@ -45,6 +45,7 @@ def bench_learner(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from actors.learner import Learner
+    from actors.reference import Reference
     from jobs.placement import learner_settings
     from rlsys.config import load_config
     from rlsys.models.resolve import resolve_model
@@ -64,7 +65,12 @@ def bench_learner(args: argparse.Namespace) -> dict[str, Any]:
     for spec in variants:
         name, _, overrides = spec.partition("=")
         cfg = load_config(args.config, overrides=[*args.overrides, *filter(None, overrides.split(","))])
-        learner = Learner(learner_settings(cfg, model_path), model_path)
+        settings = learner_settings(cfg, model_path)
+        learner = Learner(settings, model_path)
+        if cfg.learner.reference_actor:  # as in the job: the batches carry the reference's logprobs, run apart
+            reference = Reference(settings)
+            batches = [list(reference.annotate(*batch)) for batch in batches]
+            del reference
         rows = [learner.train(batch) for batch in batches][args.warmup:]
         compute = [r["time/learner_compute"] for r in rows]
         out["variants"][name] = {

@@ -60,3 +60,19 @@ def test_bench_learner_variants_by_token_budget_run_fewer_micro_batches(tmp_path
     assert r["rows"]["micro_batches"] == 4  # 8 answers, 2 a micro-batch
     assert r["tokens"]["micro_batches"] < r["rows"]["micro_batches"]  # rows of 24-60 tokens: 4+ fit 240 positions
     assert r["tokens"]["loss"][0] == pytest.approx(r["rows"]["loss"][0], rel=1e-4, abs=1e-6)  # the same update
+
+
+def test_bench_learner_on_a_config_with_the_reference_actor_annotates_the_batches_as_the_job_does(tmp_path):
+    """`learner.reference_actor`: the job's reference runs apart, so the benchmark annotates the batches first (a
+    learner given none refuses them) and times the learner alone; the losses are those of a learner that runs the
+    reference itself."""
+    from jobs.bench import main
+
+    out = tmp_path / "learner.json"
+    rc = main(["learner", "--config", "configs/tictactoe-tiny-cpu.toml", "--model", "rlsys:tiny", "--groups", "2",
+               "--samples", "4", "--prompt-tokens", "200", "--answer-min", "4", "--answer-max", "40", "--steps", "3",
+               "--warmup", "1", "--out", str(out), "--variant", "inside=learner.reference_actor=false",
+               "--variant", "apart=learner.reference_actor=true", "algo.kl_coef=0.1"])
+    assert rc == 0
+    r = json.loads(out.read_text())["variants"]
+    assert r["inside"]["loss"] == pytest.approx(r["apart"]["loss"], rel=1e-5, abs=1e-7)  # the same penalty
