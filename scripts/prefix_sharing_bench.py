@@ -49,7 +49,9 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(ckpt)
     cfgs = {on: load_config(path="configs/tictactoe-tiny-gspo.toml",
                             overrides=[f"model.ckpt={ckpt!r}", f"learner.prefix_sharing={str(on).lower()}",
-                                       "run_dir='/tmp/prefix-bench'"]) for on in (True, False)}
+                                       "run_dir='/tmp/prefix-bench'",
+                                       # the reference in the learner, as when this was measured: no actor here
+                                       "learner.reference_actor=false"]) for on in (True, False)}
     learners = {on: Learner(learner_settings(cfg, ckpt), ckpt, num_threads=torch.get_num_threads())
                 for on, cfg in cfgs.items()}
     batches = [step_batch(cfgs[True], tok, seed) for seed in range(reps)]
