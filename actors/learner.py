@@ -116,10 +116,9 @@ class Learner:
         self._reg = RegularizerConfig(entropy_coef=algo.entropy_coef, kl_coef=algo.kl_coef)
         # the frozen initial policy of the KL penalty; None when it is off, and with LoRA, whose reference is the
         # frozen base itself run with the adapters switched off (`_ref_logprobs`): no second copy of the weights
-        # `learner.reference_actor`: the reference runs in its own actor, and the rows carry its logprobs
-        self.reference_actor = cfg.learner.reference_actor
+        # with `learner.reference_actor` the reference runs in its own actor, and the rows carry its logprobs
         self.ref_model = (load_reference(cfg.model, cfg.algo.kl_coef, self.device, self.dtype)
-                          if cfg.algo.kl_coef and self.lora is None and not self.reference_actor else None)
+                          if cfg.algo.kl_coef and self.lora is None and not cfg.learner.reference_actor else None)
         self.rank, self.world_size = 0, 1
         self.prefix_sharing, self.common_prefix_pass = prefix_settings(cfg.learner, cfg.algo.name, self.model,
                                                                        self.device)
@@ -436,10 +435,10 @@ class Learner:
     def _ref_logprobs(self, micro: list[Row], batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """(B, T-1) logprobs of the frozen reference (None without `algo.kl_coef`): same path as the policy's, or
         those the reference actor computed (`learner.reference_actor`), which the rows then carry."""
-        if "ref_logprobs" in batch:
+        if self.cfg.learner.reference_actor:  # the config names the source; rows' values are not read otherwise
+            if "ref_logprobs" not in batch:
+                raise RuntimeError("learner.reference_actor: a batch came without the reference actor's logprobs")
             return batch["ref_logprobs"][:, 1:]
-        if self.cfg.algo.kl_coef and self.reference_actor:
-            raise RuntimeError("learner.reference_actor: a batch came without the reference actor's logprobs")
         if self.cfg.algo.kl_coef and self.peft_model is not None:  # LoRA: the base is the reference
             with self.peft_model.disable_adapter():
                 return self._token_logprobs(micro, batch, model=self.model).float()

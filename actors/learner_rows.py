@@ -74,18 +74,18 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
     attn = torch.zeros((B, T), dtype=torch.long)
     mask = torch.zeros((B, T), dtype=torch.float32)
     lp = torch.zeros((B, T), dtype=torch.float32)
+    ref = torch.zeros((B, T), dtype=torch.float32) if all(r.segment.ref_logprobs is not None for r in rows) else None
     for i, r in enumerate(rows):
         n = len(r.segment.input_ids)
         ids[i, :n] = torch.tensor(r.segment.input_ids)
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(r.segment.loss_mask, dtype=torch.float32)
         lp[i, :n] = torch.tensor(r.segment.rollout_logprobs, dtype=torch.float32)
+        if ref is not None:
+            ref[i, :n] = torch.tensor(r.segment.ref_logprobs, dtype=torch.float32)
     out = {"input_ids": ids.to(device), "attention_mask": attn.to(device), "loss_mask": mask.to(device),
            "rollout_logprobs": lp.to(device)}
-    if all(r.segment.ref_logprobs is not None for r in rows):
-        ref = torch.zeros((B, T), dtype=torch.float32)
-        for i, r in enumerate(rows):
-            ref[i, : len(r.segment.ref_logprobs)] = torch.tensor(r.segment.ref_logprobs, dtype=torch.float32)
+    if ref is not None:
         out["ref_logprobs"] = ref.to(device)
     return out
 

@@ -32,8 +32,9 @@ class Reference:
 
     @torch.no_grad()
     def annotate(self, *trajectories: Trajectory) -> Trajectory | tuple[Trajectory, ...]:
-        """``trajectories`` with `ref_logprobs` on every segment the learner may train on (sampled tokens, not
-        failed), returned in order: one value per trajectory (Ray's `num_returns`), the trajectory itself for one."""
+        """``trajectories`` with `ref_logprobs` filled in on every segment the learner may train on (sampled tokens,
+        not failed; in place), returned in order: one value per trajectory (Ray's `num_returns`), the trajectory
+        itself for one."""
         rows = [Row(seg, 0.0, t.group) for t in trajectories if not t.failed for seg in t.segments if seg.num_sampled]
         rows = prompt_order(rows, self.sharing, self.cfg.learner.length_order)
         for micro in micro_batches(rows, self.cfg.learner.mini_bs, self.cfg.learner.micro_batch_tokens):

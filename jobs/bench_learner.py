@@ -69,7 +69,8 @@ def bench_learner(args: argparse.Namespace) -> dict[str, Any]:
         learner = Learner(settings, model_path)
         if cfg.learner.reference_actor:  # as in the job: the batches carry the reference's logprobs, run apart
             reference = Reference(settings)
-            batches = [list(reference.annotate(*batch)) for batch in batches]
+            for batch in batches:
+                reference.annotate(*batch)  # fills the segments in place
             del reference
         rows = [learner.train(batch) for batch in batches][args.warmup:]
         compute = [r["time/learner_compute"] for r in rows]

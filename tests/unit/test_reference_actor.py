@@ -88,3 +88,19 @@ def test_reference_actor_needs_a_kl_penalty(tmp_path):
 def test_a_segment_refuses_reference_logprobs_of_another_length():
     with pytest.raises(ValueError, match="ref_logprobs 2"):
         Segment(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0.0, -1.0, -1.0], ref_logprobs=[0.0, -1.0])
+
+
+def test_a_learner_that_runs_the_reference_ignores_logprobs_the_rows_carry(tmp_path, tiny_model_path):
+    """The config names the source: rows annotated elsewhere (a benchmark's batches reused across variants) do not
+    replace the learner's own reference."""
+    from tests.conftest import make_learner
+
+    cfg = job_config(tmp_path, "algo.kl_coef=0.5")
+    plain = make_learner(cfg, tiny_model_path).train(_trajectories())
+    carried = _trajectories()
+    for t in carried:
+        for seg in t.segments:
+            seg.ref_logprobs = [-5.0] * len(seg.input_ids)  # far from the reference's own
+    got = make_learner(cfg, tiny_model_path).train(carried)
+    assert got["train/kl_ref"] == pytest.approx(plain["train/kl_ref"], abs=1e-9)
+    assert got["train/loss"] == pytest.approx(plain["train/loss"], rel=1e-6, abs=1e-9)
